@@ -5,6 +5,6 @@ The modules follow the labs: ``models`` and ``env`` (lab 00), ``memory`` and ``r
 """
 
 from kvlab.env import EnvReport, default_device, env_report
-from kvlab.models import load_model
+from kvlab.models import chat_prompt, load_model
 
-__all__ = ["EnvReport", "default_device", "env_report", "load_model"]
+__all__ = ["EnvReport", "chat_prompt", "default_device", "env_report", "load_model"]

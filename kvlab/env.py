@@ -17,6 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+# NOTE: Triton reads TRITON_INTERPRET when it is first imported, and `import transformers`
+# imports it (through torch._dynamo). Without CUDA the kernels can only run interpreted, so
+# the switch is set here, the first module kvlab imports, unless the user chose a value.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def default_device() -> torch.device:
     """The device kvlab computes on: the first CUDA device if there is one, else the CPU."""

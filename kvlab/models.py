@@ -96,9 +96,10 @@ def tiny_model(qwen2_style: bool = False, seed: int = 0) -> PreTrainedModel:
 
 def model_cache_dir() -> Path:
     """Where converted checkpoints are kept: ``$KVLAB_CACHE``, else ``~/.cache/kvlab``."""
-    root = os.environ.get("KVLAB_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    ) / "kvlab"
+    root = (
+        os.environ.get("KVLAB_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvlab"
+    )
     return Path(root)
 
 
@@ -171,3 +172,11 @@ def _load_local(folder: Path, dtype: torch.dtype):
         )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, message: str) -> list[int]:
+    """Token ids of ``message`` as a user turn in the model's chat template, ready to answer."""
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
+    )
+    return list(encoded["input_ids"])

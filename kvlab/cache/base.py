@@ -51,14 +51,16 @@ class ForwardBatch:
             raise ValueError(f"every sequence must bring at least one new token, got {num_new}")
         starts = [0]
         positions = []
-        for done, new in zip(num_computed, num_new):
+        for done, new in zip(num_computed, num_new, strict=True):
             starts.append(starts[-1] + new)
             positions.extend(range(done, done + new))
         return cls(
             seq_ids=list(seq_ids),
             query_start_loc=torch.tensor(starts, dtype=torch.long, device=device),
             seq_lens=torch.tensor(
-                [d + n for d, n in zip(num_computed, num_new)], dtype=torch.long, device=device
+                [d + n for d, n in zip(num_computed, num_new, strict=True)],
+                dtype=torch.long,
+                device=device,
             ),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
         )
@@ -104,12 +106,16 @@ class KVCache(ABC):
         """Called once before the layers run; slot-based caches compute slot mappings here."""
 
     @abstractmethod
-    def write(self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor) -> None:
+    def write(
+        self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
         """Store this step's new keys and values, each (num_tokens, num_kv_heads, head_dim)."""
 
     @abstractmethod
-    def read(self, layer: int, batch: ForwardBatch, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of sequence ``batch.seq_ids[index]``: each (seq_len, num_kv_heads, head_dim)."""
+    def read(
+        self, layer: int, batch: ForwardBatch, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of sequence ``batch.seq_ids[index]``, each (seq_len, num_kv_heads, head_dim)."""
 
     @abstractmethod
     def usage(self) -> CacheUsage:
@@ -138,7 +144,7 @@ class CacheUsage:
 
 @dataclass(frozen=True)
 class BlockInfo:
-    """One physical block (or, for the contiguous arena, one fixed-size cell) as the page map draws it.
+    """One physical block (for the contiguous arena: one fixed-size cell), as the page map draws it.
 
     Attributes:
         block_id: index in the pool.

