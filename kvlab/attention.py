@@ -13,8 +13,12 @@ and runs causal attention of the new queries against it. The new tokens are the 
 Grouped-query attention: ``num_heads`` query heads share ``num_kv_heads`` key/value heads,
 ``num_heads // num_kv_heads`` queries per KV head.
 
-Not handled: sliding windows, attention sinks, ALiBi. A Triton backend reads the paged cache
-directly (``kvlab.kernels``).
+Two backends with the same signature: ``torch_attention`` (any cache; reads each sequence's
+K/V back as a tensor) and ``triton_attention`` (the paged cache only; the kernels of
+``kvlab.kernels`` read K/V in place through the block table). ``ATTENTION_BACKENDS`` maps
+their names, the values of the engine's ``attention_backend`` setting.
+
+Not handled: sliding windows, attention sinks, ALiBi.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.cache.base import ForwardBatch, KVCache
+from kvlab.cache.paged import PagedKVCache
 
 
 def torch_attention(
@@ -63,3 +68,32 @@ def _attend_one(query, key, value, scale):
         mask = key_pos[None, :] <= query_pos[:, None]  # (query_len, seq_len)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.transpose(0, 1)
+
+
+def triton_attention(
+    query: torch.Tensor, layer: int, batch: ForwardBatch, cache: KVCache, scale: float
+) -> torch.Tensor:
+    """The same attention computed by kvlab's Triton kernels, straight from the paged cache.
+
+    A step where every sequence brings one token (decode) uses the decode kernel; any other
+    step (prefill, chunked prefill, mixed batches) the varlen prefill kernel.
+    """
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(
+            f"attention_backend='triton' reads K/V through a block table, so it needs a "
+            f"PagedKVCache; got {type(cache).__name__}. Use attention_backend='torch'."
+        )
+    # Imported here: triton is optional (Linux only) and only this backend needs it.
+    from kvlab.kernels import paged_decode_attention, paged_prefill_attention
+
+    meta = cache.metadata(batch)
+    kv_cache = cache.kv_caches[layer]
+    if batch.num_tokens == batch.num_seqs:
+        return paged_decode_attention(query, kv_cache, meta.block_table, meta.seq_lens, scale)
+    query_start_loc = batch.query_start_loc.to(device=query.device, dtype=torch.int32)
+    return paged_prefill_attention(
+        query, kv_cache, meta.block_table, meta.seq_lens, query_start_loc, scale
+    )
+
+
+ATTENTION_BACKENDS = {"torch": torch_attention, "triton": triton_attention}

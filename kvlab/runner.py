@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvlab.attention import torch_attention
+from kvlab.attention import ATTENTION_BACKENDS
 from kvlab.cache.base import ForwardBatch, KVCache
 from kvlab.memory import KVSpec
 
@@ -39,15 +39,16 @@ class ModelRunner:
     Args:
         hf_model: a loaded ``*ForCausalLM`` (see ``kvlab.load_model``); its weights are
             shared, not copied.
-        attention: the attention backend, ``torch_attention`` by default.
+        attention: the attention backend: ``"torch"`` (any cache), ``"triton"`` (paged
+            cache only), or a function with the signature of ``kvlab.attention.torch_attention``.
     """
 
-    def __init__(self, hf_model, attention: AttentionFn = torch_attention):
+    def __init__(self, hf_model, attention: str | AttentionFn = "torch"):
         config = hf_model.config
         self.config = config
         self.model = hf_model.model
         self.lm_head = hf_model.lm_head
-        self.attention = attention
+        self.attention = _attention_backend(attention)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -119,6 +120,17 @@ class ModelRunner:
         cos = (angles.cos() * self.rope_scaling).to(self.dtype)
         sin = (angles.sin() * self.rope_scaling).to(self.dtype)
         return cos, sin
+
+
+def _attention_backend(attention: str | AttentionFn) -> AttentionFn:
+    if callable(attention):
+        return attention
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"attention must be one of {sorted(ATTENTION_BACKENDS)} or a function, "
+            f"got {attention!r}"
+        )
+    return ATTENTION_BACKENDS[attention]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

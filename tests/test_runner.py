@@ -11,8 +11,10 @@ import torch
 from conftest import random_prompts
 from transformers import GenerationConfig
 
+import kvlab
 from kvlab.cache.base import ForwardBatch
 from kvlab.cache.naive import NaiveKVCache
+from kvlab.cache.paged import PagedKVCache
 from kvlab.generate import greedy_generate
 from kvlab.models import chat_prompt
 from kvlab.runner import ModelRunner
@@ -128,3 +130,27 @@ def test_greedy_rejects_bad_input(tiny):
         greedy_generate(runner, naive_cache(runner), [[1, 2]], 0)
     with pytest.raises(ValueError, match="non-empty"):
         greedy_generate(runner, naive_cache(runner), [[]], 4)
+
+
+@pytest.mark.parametrize("block_size", [1, 8])
+def test_triton_backend_is_token_identical(block_size):
+    """The Triton kernels (interpreted on CPU) give the same tokens as torch attention."""
+    model, _ = kvlab.load_model("tiny", device="cpu")
+    prompts = random_prompts(model.config.vocab_size, [5, 19])
+    outputs = []
+    for backend in ("torch", "triton"):
+        runner = ModelRunner(model, attention=backend)
+        cache = PagedKVCache(2, 2, 16, num_blocks=64, block_size=block_size, device="cpu")
+        outputs.append(greedy_generate(runner, cache, prompts, 12))
+    assert outputs[0] == outputs[1]
+
+
+def test_triton_backend_needs_a_paged_cache(tiny):
+    runner = ModelRunner(tiny, attention="triton")
+    with pytest.raises(TypeError, match="needs a PagedKVCache"):
+        greedy_generate(runner, naive_cache(runner), [[1, 2, 3]], 2)
+
+
+def test_unknown_attention_backend_is_refused(tiny):
+    with pytest.raises(ValueError, match="attention must be one of"):
+        ModelRunner(tiny, attention="flash")

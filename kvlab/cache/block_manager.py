@@ -1,0 +1,266 @@
+"""Block tables: which physical blocks hold each sequence's tokens, in order.
+
+A sequence sees its tokens as one run of logical blocks; its ``block_table`` maps logical
+block ``i`` to a physical block of the ``BlockPool`` (the seed article's "page table").
+Token ``pos`` lives in slot ``block_table[pos // block_size] * block_size + pos % block_size``:
+
+    logical:      [ tok 0..15 ][ tok 16..31 ][ tok 32..37      ]   block_size = 16
+    block_table:  [     7     ][      2     ][       9         ]
+    slots:        112..127      32..47        144..149 (+10 free slots in block 9)
+
+What this manager does, all in pure Python (the simulator reuses it without tensors):
+
+* growth: a sequence takes one more block only when its last block is full;
+* fork: a child shares all of its parent's blocks (``ref_cnt += 1``), for parallel sampling;
+* copy-on-write: before a sequence writes into a block that someone else also holds, it
+  gets a private copy; ``allocate_slots`` returns the ``(src, dst)`` pairs the tensor cache
+  must copy, so a shared block is never written in place;
+* prefix caching: full blocks get a chained ``block_hash`` from their token ids, and a new
+  prompt adopts the cached blocks of its longest matching prefix.
+
+Not handled: the K/V tensors (``kvlab.cache.paged``), swapping blocks to the CPU, sliding
+windows, and prefix hits on partial blocks (only full blocks are hashed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvlab.cache.base import CacheFullError
+from kvlab.cache.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+
+MAX_BLOCK_SIZE = 256
+
+
+@dataclass
+class SequenceBlocks:
+    """What the manager keeps per sequence.
+
+    Attributes:
+        block_table: physical block of each logical block, in order.
+        num_tokens: token slots the sequence holds (written, or allocated for this step).
+        token_ids: the ids of those tokens while all are known; None once one is not, which
+            ends the hash chain (no later block of this sequence can be cached).
+        block_hashes: the chained hash of each leading full block with known token ids.
+    """
+
+    block_table: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+    token_ids: list[int] | None = None
+    block_hashes: list[int] = field(default_factory=list)
+
+
+class BlockManager:
+    """Per-sequence block tables over one ``BlockPool``: grow, fork, copy-on-write, prefix hits.
+
+    Args:
+        num_blocks: physical blocks in the pool.
+        block_size: token slots per block, 1 to 256.
+        enable_prefix_caching: hash full blocks and let new prompts adopt cached ones.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(
+                f"block_size must be an int from 1 to {MAX_BLOCK_SIZE}, got {block_size!r}"
+            )
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._seqs: dict[int, SequenceBlocks] = {}
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """A copy of ``seq_id``'s block table."""
+        return list(self._seq(seq_id).block_table)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    def num_blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
+        """Free blocks ``allocate_slots(seq_id, num_new_tokens)`` would take, copies included."""
+        seq = self._seqs.get(seq_id) or SequenceBlocks()
+        total_blocks = -(-(seq.num_tokens + num_new_tokens) // self.block_size)
+        return total_blocks - len(seq.block_table) + self._needs_copy(seq)
+
+    def slot_mapping(self, seq_id: int, start: int, num: int) -> list[int]:
+        """The slot of each of ``seq_id``'s positions ``start .. start + num - 1``."""
+        seq = self._seq(seq_id)
+        if start < 0 or start + num > seq.num_tokens:
+            raise ValueError(
+                f"positions {start}..{start + num - 1} of seq {seq_id} are outside the "
+                f"{seq.num_tokens} slots it holds"
+            )
+        table, size = seq.block_table, self.block_size
+        return [table[pos // size] * size + pos % size for pos in range(start, start + num)]
+
+    def holders(self) -> dict[int, list[tuple[int, int]]]:
+        """For every held block, the ``(seq_id, logical_index)`` pairs that point at it."""
+        holders: dict[int, list[tuple[int, int]]] = {}
+        for seq_id, seq in self._seqs.items():
+            for logical_index, block_id in enumerate(seq.block_table):
+                holders.setdefault(block_id, []).append((seq_id, logical_index))
+        return holders
+
+    def lookup_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """The cached blocks of the longest full-block prefix of ``token_ids``; changes nothing.
+
+        NOTE: the match stops one token short of the prompt: the last prompt token is always
+        computed, because its logits pick the first output token.
+        """
+        blocks, _ = self._match_prefix(token_ids)
+        return blocks
+
+    # ---- changes -------------------------------------------------------------------------
+
+    def add_sequence(self, seq_id: int, prompt_token_ids: Sequence[int] = ()) -> int:
+        """Register a new sequence, adopting the cached blocks of its prompt's prefix.
+
+        Returns:
+            num_computed_tokens: prompt tokens whose K/V are already in the adopted blocks;
+            the caller allocates (and computes) only the rest.
+        """
+        if seq_id in self._seqs:
+            raise ValueError(f"seq {seq_id} already exists")
+        blocks, hashes = self._match_prefix(prompt_token_ids)
+        for block_id in blocks:
+            self.pool.take_cached(block_id)
+        num_computed = len(blocks) * self.block_size
+        self._seqs[seq_id] = SequenceBlocks(
+            block_table=blocks,
+            num_tokens=num_computed,
+            token_ids=list(prompt_token_ids[:num_computed]) if self.enable_prefix_caching else None,
+            block_hashes=hashes,
+        )
+        return num_computed
+
+    def allocate_slots(
+        self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
+    ) -> list[tuple[int, int]]:
+        """Make room for ``num_new_tokens`` more tokens of ``seq_id`` (registered if new).
+
+        Args:
+            seq_id: the sequence.
+            num_new_tokens: tokens this step adds, at least 1.
+            token_ids: their ids, if known; full blocks with known ids get a ``block_hash``.
+                Omit them once and this sequence's later blocks are never cached.
+
+        Returns:
+            ``(src, dst)`` block pairs to copy before writing (copy-on-write of a shared
+            last block). The copy has replaced ``src`` in this sequence's block table.
+
+        Raises:
+            CacheFullError: not enough free blocks; nothing changes.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
+        if token_ids is not None and len(token_ids) != num_new_tokens:
+            raise ValueError(
+                f"token_ids has {len(token_ids)} ids for num_new_tokens={num_new_tokens}"
+            )
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            seq = SequenceBlocks(token_ids=[] if self.enable_prefix_caching else None)
+        needs_copy = self._needs_copy(seq)
+        total_blocks = -(-(seq.num_tokens + num_new_tokens) // self.block_size)
+        num_new_blocks = total_blocks - len(seq.block_table)
+        if num_new_blocks + needs_copy > self.pool.num_free_blocks:
+            raise CacheFullError(
+                f"seq {seq_id} needs {num_new_blocks + needs_copy} free blocks for "
+                f"{num_new_tokens} new tokens (block_size={self.block_size}), only "
+                f"{self.pool.num_free_blocks} of {self.num_blocks} are free"
+            )
+        copies = [self._copy_last_block(seq)] if needs_copy else []
+        if num_new_blocks:
+            seq.block_table.extend(self.pool.allocate(num_new_blocks))
+        seq.num_tokens += num_new_tokens
+        self._seqs[seq_id] = seq
+        self._record_token_ids(seq, token_ids)
+        return copies
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Start ``child_seq_id`` as a copy of its parent that shares every block."""
+        parent = self._seq(parent_seq_id)
+        if child_seq_id in self._seqs:
+            raise ValueError(f"cannot fork into seq {child_seq_id}: it already exists")
+        self.pool.share(parent.block_table)
+        self._seqs[child_seq_id] = SequenceBlocks(
+            block_table=list(parent.block_table),
+            num_tokens=parent.num_tokens,
+            token_ids=None if parent.token_ids is None else list(parent.token_ids),
+            block_hashes=list(parent.block_hashes),
+        )
+
+    def free(self, seq_id: int) -> None:
+        """Release ``seq_id``'s blocks; cached ones stay reusable until evicted."""
+        seq = self._seq(seq_id)
+        # Tail first: a sequence's last blocks are the least likely to serve another
+        # prompt's prefix, so they should be evicted before its first ones.
+        self.pool.free(reversed(seq.block_table))
+        del self._seqs[seq_id]
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _seq(self, seq_id: int) -> SequenceBlocks:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise KeyError(f"unknown seq_id {seq_id}; known: {sorted(self._seqs)}") from None
+
+    def _needs_copy(self, seq: SequenceBlocks) -> bool:
+        """The next token goes into a partly filled last block that another sequence holds."""
+        return seq.num_tokens % self.block_size != 0 and self.pool.ref_cnt[seq.block_table[-1]] > 1
+
+    def _copy_last_block(self, seq: SequenceBlocks) -> tuple[int, int]:
+        """Give ``seq`` a private block in place of its shared last one: ``(src, dst)``."""
+        src = seq.block_table[-1]
+        (dst,) = self.pool.allocate(1)
+        self.pool.free([src])
+        seq.block_table[-1] = dst
+        return src, dst
+
+    def _match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        if not self.enable_prefix_caching:
+            return [], []
+        blocks, hashes = [], []
+        parent = ROOT_HASH
+        size = self.block_size
+        for start in range(0, len(token_ids) - size, size):
+            parent = hash_block_tokens(parent, token_ids[start : start + size])
+            block_id = self.pool.lookup(parent)
+            if block_id is None:
+                break
+            blocks.append(block_id)
+            hashes.append(parent)
+        return blocks, hashes
+
+    def _record_token_ids(self, seq: SequenceBlocks, token_ids: Sequence[int] | None) -> None:
+        """Remember the new ids and hash (and cache) every block they complete."""
+        if seq.token_ids is None:
+            return
+        if token_ids is None:
+            seq.token_ids = None
+            return
+        seq.token_ids.extend(token_ids)
+        size = self.block_size
+        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+        for index in range(len(seq.block_hashes), seq.num_tokens // size):
+            parent = hash_block_tokens(parent, seq.token_ids[index * size : (index + 1) * size])
+            seq.block_hashes.append(parent)
+            self.pool.cache(seq.block_table[index], parent)

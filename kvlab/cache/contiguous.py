@@ -1,0 +1,253 @@
+"""A KV cache that gives each request one contiguous range of slots, reserved up front.
+
+One preallocated tensor per layer holds every request's K/V, shape
+``(2, num_slots, num_kv_heads, head_dim)`` (index 0: keys, 1: values). A request declares
+itself with ``add_request(seq_id, prompt_token_ids, max_tokens)`` before its first
+``allocate_slots``: under the reservation ``policy`` (see ``kvlab.cache.contiguous_arena``)
+the cache then reserves its whole range at once, so its tokens can never be scattered.
+Reading a sequence back is one slice, no gather: the upside of contiguity. The downside
+is the memory reserved for tokens that may never come, and the holes left between ranges.
+
+    layer tensor, K half:   [ seq 3: 0..511 (37 used) ][ hole ][ seq 5: 640..1663 ] ...
+    slot of token pos of seq s = start[s] + pos
+
+Not handled: prefix sharing (``add_request`` always returns 0 computed tokens), growing a
+range (a request that outgrows its reservation raises ``CacheFullError``), compaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvlab.cache.base import BlockInfo, CacheUsage, ForwardBatch, KVCache
+from kvlab.cache.contiguous_arena import ContiguousArena, reservation_size
+from kvlab.env import default_device
+from kvlab.memory import KVSpec
+
+
+def num_slots_for_budget(spec: KVSpec, budget_bytes: int) -> int:
+    """Token slots that ``budget_bytes`` of KV memory hold for ``spec``'s model."""
+    num_slots = budget_bytes // spec.bytes_per_token
+    if num_slots <= 0:
+        raise ValueError(
+            f"a budget of {budget_bytes} bytes holds no token of {spec.bytes_per_token} bytes"
+        )
+    return num_slots
+
+
+class ContiguousKVCache(KVCache):
+    """Per-request contiguous reservations in one slot arena per layer.
+
+    Args:
+        num_layers, num_kv_heads, head_dim: the model's KV shape.
+        num_slots: token slots in the arena (shared by all requests).
+        policy: how much a request reserves: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
+        max_model_len: the longest sequence; defaults to ``num_slots``.
+        dtype, device: of the K/V tensors; device defaults to CUDA when present.
+        cell_size: slots per cell in ``block_infos`` (a drawing grid, not an allocation unit).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_slots: int,
+        policy: str = "max_model_len",
+        max_model_len: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        cell_size: int = 16,
+    ) -> None:
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.arena = ContiguousArena(num_slots)
+        self.policy = policy
+        self.max_model_len = max_model_len or num_slots
+        reservation_size(policy, 1, 0, self.max_model_len)  # validates the policy name
+        if cell_size <= 0:
+            raise ValueError(f"cell_size must be >= 1, got {cell_size}")
+        self.cell_size = cell_size
+        self.device = torch.device(device) if device is not None else default_device()
+        self.kv_caches = [
+            torch.zeros(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=self.device)
+            for _ in range(num_layers)
+        ]  # each (2, num_slots, num_kv_heads, head_dim)
+        self._step_batch: ForwardBatch | None = None
+        self._slot_mapping: torch.Tensor | None = None
+
+    @classmethod
+    def from_spec(cls, spec: KVSpec, num_slots: int, **kwargs) -> ContiguousKVCache:
+        """A cache shaped like ``spec``'s model (its ``max_model_len`` unless given)."""
+        kwargs.setdefault("max_model_len", spec.max_model_len)
+        kwargs.setdefault("dtype", torch.float16 if spec.dtype_bytes == 2 else torch.float32)
+        return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_slots, **kwargs)
+
+    @property
+    def num_slots(self) -> int:
+        return self.arena.num_slots
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """K and V bytes of one token, all layers."""
+        element = self.kv_caches[0].element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.arena
+
+    # ---- request life ----------------------------------------------------------------
+
+    def add_request(
+        self, seq_id: int, prompt_token_ids: Sequence[int], max_tokens: int | None = None
+    ) -> int:
+        """Reserve ``seq_id``'s whole range under the policy; call it before ``allocate_slots``.
+
+        Args:
+            seq_id: the new request.
+            prompt_token_ids: its prompt (only the length matters here).
+            max_tokens: output tokens it may generate; "pow2" and "exact" need it.
+
+        Returns:
+            num_computed_tokens: always 0 (no prefix caching in a contiguous cache).
+
+        Raises:
+            CacheFullError: no hole is long enough; nothing changes.
+        """
+        num_slots = reservation_size(
+            self.policy, len(prompt_token_ids), max_tokens, self.max_model_len
+        )
+        if num_slots > self.num_slots:
+            raise ValueError(
+                f"seq {seq_id} would reserve {num_slots} slots under policy {self.policy!r}; "
+                f"the arena has only {self.num_slots}"
+            )
+        self.arena.reserve(seq_id, num_slots)
+        return 0
+
+    def allocate_slots(
+        self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
+    ) -> None:
+        """Take ``num_new_tokens`` more slots inside ``seq_id``'s range (``token_ids`` unused).
+
+        A ``seq_id`` never declared with ``add_request`` is declared here, its first tokens
+        taken as its prompt; only the "max_model_len" policy can size it without ``max_tokens``.
+
+        Raises:
+            CacheFullError: no hole fits a new request's range, or an existing range is too
+                short; nothing changes.
+        """
+        if seq_id not in self.arena:
+            if self.policy != "max_model_len":
+                raise KeyError(
+                    f"seq {seq_id} has no reservation; under policy {self.policy!r} declare it "
+                    "first with add_request(seq_id, prompt_token_ids, max_tokens)"
+                )
+            self.add_request(seq_id, range(num_new_tokens))
+        self.arena.grow(seq_id, num_new_tokens)
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Start ``child_seq_id`` as a copy of its parent: a new range, every token copied.
+
+        Contiguous ranges cannot share memory, so a fork costs a whole reservation.
+
+        Raises:
+            CacheFullError: no hole fits the child's range; nothing changes.
+        """
+        parent = self.arena.range_of(parent_seq_id)
+        start = self.arena.reserve(child_seq_id, parent.num_slots)
+        if parent.num_tokens:
+            self.arena.grow(child_seq_id, parent.num_tokens)
+        src = slice(parent.start, parent.start + parent.num_tokens)
+        dst = slice(start, start + parent.num_tokens)
+        for kv in self.kv_caches:
+            kv[:, dst] = kv[:, src]
+
+    def free(self, seq_id: int) -> None:
+        self.arena.free(seq_id)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.arena.range_of(seq_id).num_tokens
+
+    # ---- one step --------------------------------------------------------------------
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Compute this step's ``slot_mapping``: slot of token pos of seq s = start[s] + pos."""
+        starts = []
+        for seq_id, seq_len in zip(batch.seq_ids, batch.seq_lens.tolist(), strict=True):
+            r = self.arena.range_of(seq_id)
+            if seq_len > r.num_tokens:
+                raise ValueError(
+                    f"seq {seq_id} runs with seq_len {seq_len} but holds {r.num_tokens} "
+                    "slots: call allocate_slots first"
+                )
+            starts.append(r.start)
+        num_new = batch.query_start_loc.diff().to(self.device)
+        starts = torch.tensor(starts, dtype=torch.long, device=self.device)
+        self._slot_mapping = torch.repeat_interleave(starts, num_new) + batch.positions.to(
+            self.device
+        )  # (num_tokens,)
+        self._step_batch = batch
+
+    def slot_mapping(self, batch: ForwardBatch) -> torch.Tensor:
+        """(num_tokens,) slot of every new token of ``batch``."""
+        if self._step_batch is not batch:
+            self.begin_step(batch)
+        return self._slot_mapping
+
+    def write(
+        self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
+        kv = self.kv_caches[layer]  # (2, num_slots, num_kv_heads, head_dim)
+        slots = self.slot_mapping(batch)
+        kv[0, slots] = key.to(kv.dtype)
+        kv[1, slots] = value.to(kv.dtype)
+
+    def read(
+        self, layer: int, batch: ForwardBatch, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.arena.range_of(batch.seq_ids[index]).start
+        seq_len = int(batch.seq_lens[index])
+        kv = self.kv_caches[layer]
+        # One slice, no gather: each is a (seq_len, num_kv_heads, head_dim) view.
+        return kv[0, start : start + seq_len], kv[1, start : start + seq_len]
+
+    # ---- reports ---------------------------------------------------------------------
+
+    def usage(self) -> CacheUsage:
+        return CacheUsage(
+            capacity_bytes=self.num_slots * self.bytes_per_slot,
+            reserved_bytes=self.arena.num_reserved_slots * self.bytes_per_slot,
+            used_bytes=self.arena.num_used_slots * self.bytes_per_slot,
+        )
+
+    def block_infos(self) -> list[BlockInfo]:
+        """The arena cut into cells of ``cell_size`` slots, for the page-map widget.
+
+        A cell is held by every request whose range overlaps it: where two ranges meet
+        inside one cell, that cell lists both (its ``ref_cnt`` is 2 without any sharing).
+        """
+        size = self.cell_size
+        num_cells = -(-self.num_slots // size)
+        holders: list[list[int]] = [[] for _ in range(num_cells)]
+        filled = [0] * num_cells
+        first_cell = {}
+        for seq_id in self.arena.seq_ids():
+            r = self.arena.range_of(seq_id)
+            first_cell[seq_id] = r.start // size
+            for cell in range(r.start // size, (r.start + r.num_slots - 1) // size + 1):
+                holders[cell].append(seq_id)
+            for slot in range(r.start, r.start + r.num_tokens):
+                filled[slot // size] += 1
+        return [
+            BlockInfo(
+                block_id=cell,
+                ref_cnt=len(holders[cell]),
+                seq_ids=tuple(holders[cell]),
+                logical_index=cell - first_cell[holders[cell][0]] if holders[cell] else None,
+                num_filled=filled[cell],
+                cached=False,
+            )
+            for cell in range(num_cells)
+        ]

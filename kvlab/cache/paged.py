@@ -1,0 +1,280 @@
+"""A paged KV cache: fixed-size blocks from one shared pool, found through a block table.
+
+Per layer one tensor ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` holds the
+keys (index 0) and values (index 1) of every block; this is vLLM's layout, and a paged
+attention kernel reads it through ``block_table``. A sequence takes a new block only when
+its last one is full, so at most ``block_size - 1`` slots per sequence are ever wasted.
+The bookkeeping (block tables, ``ref_cnt``, prefix hashes) is ``kvlab.cache.block_manager``;
+this class adds the tensors and copies K/V when a block is copied on write.
+
+Each step the runner gets (page = block, page table = block table):
+
+    block_table   (num_seqs, max_blocks) int32: physical block of each logical block;
+                  entries past a sequence's last block are 0 (padding, never read:
+                  seq_lens bounds every read)
+    slot_mapping  (num_tokens,) int64: slot = block_id * block_size + offset, per new token
+
+Three features on top of plain paging:
+
+* ``fork(parent_seq_id, child_seq_id)``: the child shares every block (parallel sampling).
+  The first write into a shared, partly filled block copies it first (copy-on-write,
+  inside ``allocate_slots``), so a shared block is never written in place.
+* prefix caching (``enable_prefix_caching=True``): ``add_request(seq_id, prompt_token_ids)``
+  adopts the cached full blocks of the prompt's longest matching prefix and returns how
+  many tokens are already computed; the caller then allocates only the rest.
+* block hashes: pass the ids of the tokens you allocate as ``allocate_slots(seq_id, n,
+  token_ids=...)``; every block they complete gets a chained ``block_hash`` and stays
+  findable after its sequence is freed, until evicted. A call without ``token_ids``
+  ends the hash chain of that sequence (its later blocks are never cached).
+
+Not handled: swapping blocks to CPU memory, partial-block prefix hits, sliding windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.cache.base import BlockInfo, CacheUsage, ForwardBatch, KVCache
+from kvlab.cache.block_manager import BlockManager
+from kvlab.env import default_device
+from kvlab.memory import KVSpec
+
+
+def num_blocks_for_budget(spec: KVSpec, budget_bytes: int, block_size: int = 16) -> int:
+    """Blocks of ``block_size`` tokens that ``budget_bytes`` of KV memory hold for ``spec``."""
+    num_blocks = budget_bytes // (spec.bytes_per_token * block_size)
+    if num_blocks <= 0:
+        raise ValueError(
+            f"a budget of {budget_bytes} bytes holds no block of {block_size} tokens "
+            f"({spec.bytes_per_token * block_size} bytes)"
+        )
+    return num_blocks
+
+
+@dataclass(frozen=True)
+class PagedMetadata:
+    """What a paged-attention kernel needs for one step (all on the cache's device).
+
+    Attributes:
+        block_table: (num_seqs, max_blocks) int32, padded with 0.
+        slot_mapping: (num_tokens,) int64, where each new token's K/V go.
+        seq_lens: (num_seqs,) int32, tokens of each sequence after this step.
+    """
+
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+class PagedKVCache(KVCache):
+    """Blocks of ``block_size`` token slots from one pool, shared through ``ref_cnt``.
+
+    Args:
+        num_layers, num_kv_heads, head_dim: the model's KV shape.
+        num_blocks: blocks in the pool.
+        block_size: token slots per block, 1 to 256.
+        dtype, device: of the K/V tensors; device defaults to CUDA when present.
+        enable_prefix_caching: hash full blocks and let new prompts adopt cached ones.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.block_size = block_size
+        self.device = torch.device(device) if device is not None else default_device()
+        shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.kv_caches = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+        self._step_batch: ForwardBatch | None = None
+        self._metadata: PagedMetadata | None = None
+
+    @classmethod
+    def from_spec(cls, spec: KVSpec, num_blocks: int, **kwargs) -> PagedKVCache:
+        """A cache shaped like ``spec``'s model."""
+        kwargs.setdefault("dtype", torch.float16 if spec.dtype_bytes == 2 else torch.float32)
+        return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks, **kwargs)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.manager.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.manager.num_free_blocks
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """K and V bytes of one token, all layers."""
+        element = self.kv_caches[0].element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.manager
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return self.manager.block_table(seq_id)
+
+    # ---- request life ----------------------------------------------------------------
+
+    def add_request(
+        self, seq_id: int, prompt_token_ids: Sequence[int], max_tokens: int | None = None
+    ) -> int:
+        """Register ``seq_id`` and adopt the cached blocks of its prompt's prefix.
+
+        Optional: ``allocate_slots`` on an unknown ``seq_id`` registers it without a
+        prefix lookup. ``max_tokens`` is unused (paged memory grows on demand).
+
+        Returns:
+            num_computed_tokens: prompt tokens already in the cache (a multiple of
+            ``block_size``, below the prompt length); allocate only the rest.
+        """
+        return self.manager.add_sequence(seq_id, _int_list(prompt_token_ids))
+
+    def allocate_slots(
+        self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
+    ) -> None:
+        """Make room for ``num_new_tokens`` more tokens; copy a shared last block first.
+
+        Args:
+            token_ids: ids of those tokens, so the blocks they complete get a block_hash.
+
+        Raises:
+            CacheFullError: not enough free blocks; nothing changes.
+        """
+        ids = None if token_ids is None else _int_list(token_ids)
+        for src, dst in self.manager.allocate_slots(seq_id, num_new_tokens, ids):
+            for kv in self.kv_caches:
+                kv[:, dst] = kv[:, src]
+        self._step_batch = None  # block tables changed
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Start ``child_seq_id`` sharing all of its parent's blocks (no copy, no new block)."""
+        self.manager.fork(parent_seq_id, child_seq_id)
+
+    def free(self, seq_id: int) -> None:
+        self.manager.free(seq_id)
+        self._step_batch = None
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.manager.num_tokens(seq_id)
+
+    # ---- one step --------------------------------------------------------------------
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Build this step's ``PagedMetadata`` (block tables and slot mapping) once."""
+        seq_lens = batch.seq_lens.tolist()
+        tables = []
+        for seq_id, seq_len in zip(batch.seq_ids, seq_lens, strict=True):
+            if seq_len > self.manager.num_tokens(seq_id):
+                raise ValueError(
+                    f"seq {seq_id} runs with seq_len {seq_len} but holds "
+                    f"{self.manager.num_tokens(seq_id)} slots: call allocate_slots first"
+                )
+            tables.append(self.manager.block_table(seq_id)[: -(-seq_len // self.block_size)])
+        max_blocks = max(len(t) for t in tables)
+        block_table = torch.tensor(
+            [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32
+        )  # (num_seqs, max_blocks)
+        rows = torch.repeat_interleave(
+            torch.arange(batch.num_seqs), batch.query_start_loc.diff().cpu()
+        )  # (num_tokens,) the sequence of each new token
+        positions = batch.positions.cpu()
+        blocks = block_table[rows, positions // self.block_size].long()
+        slot_mapping = blocks * self.block_size + positions % self.block_size
+        self._metadata = PagedMetadata(
+            block_table=block_table.to(self.device),
+            slot_mapping=slot_mapping.to(self.device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+        )
+        self._step_batch = batch
+
+    def metadata(self, batch: ForwardBatch) -> PagedMetadata:
+        """This step's block tables and slot mapping (built by ``begin_step`` if needed)."""
+        if self._step_batch is not batch:
+            self.begin_step(batch)
+        return self._metadata
+
+    def write(
+        self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
+        slots = self.metadata(batch).slot_mapping
+        kv = self.kv_caches[layer]  # (2, num_blocks, block_size, num_kv_heads, head_dim)
+        flat = kv.view(2, -1, self.num_kv_heads, self.head_dim)  # (2, num_slots, H, D)
+        flat[0, slots] = key.to(kv.dtype)
+        flat[1, slots] = value.to(kv.dtype)
+
+    def read(
+        self, layer: int, batch: ForwardBatch, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        meta = self.metadata(batch)
+        seq_len = int(batch.seq_lens[index])
+        blocks = meta.block_table[index, : -(-seq_len // self.block_size)].long()
+        kv = self.kv_caches[layer]
+        # Gather the sequence's blocks in logical order, then drop the unfilled tail.
+        keys = kv[0, blocks].flatten(0, 1)[:seq_len]  # (seq_len, num_kv_heads, head_dim)
+        values = kv[1, blocks].flatten(0, 1)[:seq_len]
+        return keys, values
+
+    # ---- reports ---------------------------------------------------------------------
+
+    def usage(self) -> CacheUsage:
+        pool = self.manager.pool
+        filled = self._filled_per_block()
+        num_held = sum(1 for count in pool.ref_cnt if count > 0)
+        slot_bytes = self.bytes_per_slot
+        return CacheUsage(
+            capacity_bytes=self.num_blocks * self.block_size * slot_bytes,
+            reserved_bytes=num_held * self.block_size * slot_bytes,
+            used_bytes=sum(filled.values()) * slot_bytes,
+        )
+
+    def block_infos(self) -> list[BlockInfo]:
+        """Every physical block: holders, fill, and whether it can serve a prefix hit."""
+        pool = self.manager.pool
+        holders = self.manager.holders()
+        filled = self._filled_per_block()
+        infos = []
+        for block_id in range(self.num_blocks):
+            held_by = holders.get(block_id, [])
+            cached = pool.block_hash[block_id] is not None
+            infos.append(
+                BlockInfo(
+                    block_id=block_id,
+                    ref_cnt=pool.ref_cnt[block_id],
+                    seq_ids=tuple(seq_id for seq_id, _ in held_by),
+                    logical_index=held_by[0][1] if held_by else None,
+                    num_filled=filled.get(block_id, self.block_size if cached else 0),
+                    cached=cached,
+                )
+            )
+        return infos
+
+    def _filled_per_block(self) -> dict[int, int]:
+        """Tokens in each held block (a shared block counts once)."""
+        filled: dict[int, int] = {}
+        for block_id, held_by in self.manager.holders().items():
+            seq_id, logical_index = held_by[0]
+            in_block = self.manager.num_tokens(seq_id) - logical_index * self.block_size
+            filled[block_id] = min(self.block_size, in_block)
+        return filled
+
+
+def _int_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
+    """Token ids as plain ints (a tensor element would hash by identity, not value)."""
+    if isinstance(token_ids, torch.Tensor):
+        return token_ids.tolist()
+    return [int(t) for t in token_ids]
