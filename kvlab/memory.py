@@ -103,6 +103,8 @@ def _count_params(config) -> int:
     head_dim = getattr(config, "head_dim", None) or hidden // num_heads
     num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
     attention = hidden * head_dim * (2 * num_heads + 2 * num_kv_heads)
+    if config.model_type == "qwen2" or getattr(config, "attention_bias", False):
+        attention += head_dim * (num_heads + 2 * num_kv_heads)  # q, k and v biases
     mlp = 3 * hidden * inter
     per_layer = attention + mlp + 2 * hidden
     embeddings = vocab * hidden * (1 if config.tie_word_embeddings else 2)

@@ -15,6 +15,7 @@ Llama family.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -31,6 +32,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     Qwen2Config,
 )
+from transformers.utils import logging as hf_logging
 
 from kvlab.env import default_device
 
@@ -65,12 +67,24 @@ def load_model(
     if name in TINY_NAMES:
         model = tiny_model(qwen2_style=name == "tiny-qwen2")
     elif name == SMOLLM2:
-        folder = smollm2_folder()
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        folder = smollm2_folder()  # the slow first conversion shows its progress bars
+        with _quiet_progress_bars():  # a one-second load needs none
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     else:
         model, tokenizer = _load_local(Path(name), dtype)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars():
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def tiny_model(qwen2_style: bool = False, seed: int = 0) -> PreTrainedModel:

@@ -1,0 +1,344 @@
+"""Lab 01's measurements of naive KV caching in Hugging Face transformers, on a real model.
+
+Hugging Face's default cache, ``DynamicCache``, keeps one key and one value tensor per layer,
+shaped (batch, num_kv_heads, seq_len, head_dim), and grows them with ``torch.cat`` at every
+step. This module measures what that costs, always from the real tensors:
+
+- ``decode_with_cache``: greedy decoding step by step, timing each step and reading the
+  cache's bytes after it; ``time_without_cache``: the same next-token steps when the
+  whole prefix is recomputed because nothing is cached.
+- ``cache_bytes`` and ``cache_layer_shapes``: open a ``DynamicCache`` and count its bytes.
+- ``generate_padded``: ``model.generate`` on a batch of prompts, left-padded to the longest
+  as transformers does, and an account of its cache slots: real tokens against padding.
+- ``memory_breakdown``: weights against KV cache against activations, for serving a batch.
+
+Not handled: sliding-window or quantized caches, ``StaticCache``, peak activation memory
+measured on the device (``activation_bytes`` is an estimate from the model's shapes).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from kvlab.memory import KVSpec
+
+# Slot kinds of a padded batch's cache, one per (request, position); see PaddedBatch.slot_kinds.
+LEFT_PAD, PROMPT, GENERATED, FINISHED_PAD = 0, 1, 2, 3
+SLOT_KIND_NAMES = ("left padding", "prompt", "generated", "padding after EOS")
+
+
+# --- Generation with and without a cache -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeTrace:
+    """One greedy generation with a ``DynamicCache``, measured step by step.
+
+    Step 0 is the prefill (the whole prompt); step ``i > 0`` feeds one token and produces
+    ``token_ids[num_prompt_tokens + i]``.
+
+    Attributes:
+        token_ids: prompt followed by every generated token.
+        num_prompt_tokens: length of the prompt.
+        step_seconds: wall time of each step.
+        cache_lens: tokens held in the cache after each step.
+        cache_bytes: bytes of the cache's K/V tensors after each step (all layers).
+        cache: the ``DynamicCache`` itself, as the last step left it.
+    """
+
+    token_ids: list[int]
+    num_prompt_tokens: int
+    step_seconds: list[float]
+    cache_lens: list[int]
+    cache_bytes: list[int]
+    cache: DynamicCache
+
+    @property
+    def generated(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+
+@torch.inference_mode()
+def decode_with_cache(
+    model, prompt_ids: Sequence[int], num_new_tokens: int, eos_token_id: int | None = None
+) -> DecodeTrace:
+    """Greedily generate up to ``num_new_tokens`` tokens with a fresh ``DynamicCache``.
+
+    Every step after the prefill feeds only the newest token; the keys and values of all
+    earlier tokens come from the cache. Generation stops after ``eos_token_id`` when one is
+    given (``None``: always ``num_new_tokens`` tokens, as timing runs want).
+    """
+    if num_new_tokens <= 0:
+        raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
+    cache = DynamicCache(config=model.config)
+    token_ids = list(prompt_ids)
+    feed = torch.tensor([token_ids], device=model.device)  # (1, prompt_len)
+    cache_arg = {_cache_kwarg(model): cache}
+    seconds, lens, sizes = [], [], []
+    for _ in range(num_new_tokens):
+        start = time.perf_counter()
+        logits = model(feed, use_cache=True, logits_to_keep=1, **cache_arg).logits
+        next_token = int(logits[0, -1].argmax())
+        seconds.append(time.perf_counter() - start)
+        lens.append(cache.get_seq_length())
+        sizes.append(cache_bytes(cache))
+        token_ids.append(next_token)
+        if next_token == eos_token_id:
+            break
+        feed = torch.tensor([[next_token]], device=model.device)  # (1, 1)
+    return DecodeTrace(token_ids, len(prompt_ids), seconds, lens, sizes, cache)
+
+
+@dataclass(frozen=True)
+class NoCacheStep:
+    """One next-token step without a cache: the whole context went through the model."""
+
+    context_len: int
+    seconds: float
+    next_token: int
+
+
+@torch.inference_mode()
+def time_without_cache(
+    model, token_ids: Sequence[int], context_lens: Sequence[int], repeats: int = 1
+) -> list[NoCacheStep]:
+    """Time the step that predicts token ``L`` from ``token_ids[:L]``, for each ``L``.
+
+    Without a cache, generating the token after a context of ``L`` tokens means running all
+    ``L`` tokens through every layer again: this is what one generation step costs then.
+
+    Args:
+        token_ids: a sequence to read contexts from (e.g. a ``DecodeTrace.token_ids``).
+        context_lens: the context lengths ``L`` to measure, each at most ``len(token_ids)``.
+        repeats: runs per length; the fastest is kept (the least disturbed by other load).
+    """
+    steps = []
+    for length in context_lens:
+        if not 0 < length <= len(token_ids):
+            raise ValueError(f"context length {length} outside 1..{len(token_ids)}")
+        feed = torch.tensor([list(token_ids[:length])], device=model.device)  # (1, L)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            logits = model(feed, use_cache=False, logits_to_keep=1).logits
+            next_token = int(logits[0, -1].argmax())
+            best = min(best, time.perf_counter() - start)
+        steps.append(NoCacheStep(length, best, next_token))
+    return steps
+
+
+# --- Inside a DynamicCache ---------------------------------------------------------------
+
+
+def cache_layer_shapes(cache) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(key shape, value shape) of each layer, each (batch, num_kv_heads, seq_len, head_dim)."""
+    return [
+        (tuple(layer.keys.shape), tuple(layer.values.shape))
+        for layer in cache.layers
+        if layer.keys is not None
+    ]
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by the key and value tensors of every layer of a transformers cache."""
+    return sum(
+        tensor.numel() * tensor.element_size()
+        for layer in cache.layers
+        for tensor in (layer.keys, layer.values)
+        if tensor is not None
+    )
+
+
+def _cache_kwarg(model) -> str:
+    # NOTE: transformers 5.x renamed the forward argument ``past_key_values`` to ``cache``
+    # (the old name is deprecated); use whichever name the installed version takes.
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+# --- A padded batch ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """A batch that ``model.generate`` ran left-padded, and the cache it left behind.
+
+    transformers pads every prompt on the left to the longest one, and keeps every
+    request in the batch (fed with padding after its EOS) until the longest answer ends.
+    At the end each row of the cache holds ``max(prompt_lens) + max(output_lens) - 1``
+    positions: the last generated token never went through the model.
+
+        request 0: |pad pad|prompt........|gen gen gen gen EOS pad pad|
+        request 1: |prompt................|gen gen gen gen gen gen gen|
+                    ^ left padding          ^ padding after EOS ^
+
+    Attributes:
+        prompt_lens: prompt tokens per request.
+        outputs: generated tokens per request, up to and including its EOS.
+        cache_shape: (batch, num_kv_heads, seq_len, head_dim) of each K and V tensor.
+        cache_bytes: bytes of the whole cache, counted from its tensors.
+        bytes_per_token: K/V bytes of one position of one request (all layers).
+    """
+
+    prompt_lens: list[int]
+    outputs: list[list[int]]
+    cache_shape: tuple[int, ...]
+    cache_bytes: int
+    bytes_per_token: int
+
+    @property
+    def output_lens(self) -> list[int]:
+        return [len(output) for output in self.outputs]
+
+    @property
+    def num_slots(self) -> int:
+        """Positions the cache holds: batch x its padded length."""
+        return self.cache_shape[0] * self.cache_shape[2]
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Positions that hold a token some request needs."""
+        return padded_cache_slots(self.prompt_lens, self.output_lens)[1]
+
+    @property
+    def waste(self) -> float:
+        """Fraction of the cache's positions that hold padding."""
+        return 1 - self.num_real_tokens / self.num_slots
+
+    def slot_kinds(self) -> list[list[int]]:
+        """What each (request, position) of the cache holds: LEFT_PAD, PROMPT, GENERATED..."""
+        width, seq_len = max(self.prompt_lens), self.cache_shape[2]
+        rows = []
+        for prompt_len, output_len in zip(self.prompt_lens, self.output_lens, strict=True):
+            row = [LEFT_PAD] * (width - prompt_len) + [PROMPT] * prompt_len
+            row += [GENERATED] * (output_len - 1)
+            rows.append(row + [FINISHED_PAD] * (seq_len - len(row)))
+        return rows
+
+
+def padded_cache_slots(prompt_lens: Sequence[int], output_lens: Sequence[int]) -> tuple[int, int]:
+    """(positions a left-padded batch's cache holds, positions that hold real tokens).
+
+    Every row is as long as the longest prompt plus the longest output, less one (the last
+    generated token is never fed back); request ``i`` needs ``prompt_lens[i] +
+    output_lens[i] - 1`` of them.
+    """
+    if len(prompt_lens) != len(output_lens) or not prompt_lens:
+        raise ValueError("prompt_lens and output_lens must be non-empty and of equal length")
+    if min(prompt_lens) <= 0 or min(output_lens) <= 0:
+        raise ValueError("every request needs at least one prompt and one output token")
+    seq_len = max(prompt_lens) + max(output_lens) - 1
+    real = sum(p + o - 1 for p, o in zip(prompt_lens, output_lens, strict=True))
+    return len(prompt_lens) * seq_len, real
+
+
+@torch.inference_mode()
+def generate_padded(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+) -> PaddedBatch:
+    """Greedy ``model.generate`` on left-padded ``prompts``; return outputs and the cache."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_token_id] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        return_dict_in_generate=True,
+    )
+    out = model.generate(
+        ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
+    )
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    outputs = [_cut_after(row, eos_token_id) for row in out.sequences[:, width:].tolist()]
+    spec = KVSpec.from_config(model.config, dtype=model.dtype)
+    return PaddedBatch(
+        prompt_lens=[len(p) for p in prompts],
+        outputs=outputs,
+        cache_shape=cache_layer_shapes(cache)[0][0],
+        cache_bytes=cache_bytes(cache),
+        bytes_per_token=spec.bytes_per_token,
+    )
+
+
+def _cut_after(tokens: list[int], eos_token_id: int) -> list[int]:
+    if eos_token_id in tokens:
+        return tokens[: tokens.index(eos_token_id) + 1]
+    return tokens
+
+
+# --- Weights vs KV vs activations --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Memory to serve ``batch_size`` requests of ``seq_len`` tokens each, in bytes."""
+
+    batch_size: int
+    seq_len: int
+    weight_bytes: int
+    kv_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters (a tied embedding is one parameter, counted once)."""
+    return sum(param.numel() * param.element_size() for param in model.parameters())
+
+
+def activation_bytes(
+    config, batch_size: int, context_len: int, dtype_bytes: int, num_new_tokens: int = 1
+) -> int:
+    """Estimated peak of the temporaries of one forward step, in bytes.
+
+    Activations live only while a step runs, and a layer's temporaries are freed before
+    the next layer starts, so the peak is about one layer's worth (plus the logits):
+
+        per new token: hidden states (2 x hidden), q, k, v and the attention output,
+                       the MLP's gate, up and product (3 x intermediate)
+        attention scores: num_heads x new tokens x context (if materialized)
+        logits: vocab_size per request (only the last position is projected)
+
+    Args:
+        batch_size: requests in the step.
+        context_len: tokens each request attends to (cached + new).
+        num_new_tokens: new tokens per request: 1 in a decode step, the prompt in prefill.
+    """
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    new_tokens = batch_size * num_new_tokens
+    per_token = (
+        2 * config.hidden_size
+        + (2 * num_heads + 2 * num_kv_heads) * head_dim
+        + 3 * config.intermediate_size
+    )
+    scores = num_heads * new_tokens * context_len
+    logits = batch_size * config.vocab_size
+    return (new_tokens * per_token + scores + logits) * dtype_bytes
+
+
+def memory_breakdown(model, batch_size: int, seq_len: int) -> MemoryBreakdown:
+    """Weights (measured), KV cache (formula) and one decode step's activations (estimate)."""
+    spec = KVSpec.from_config(model.config, dtype=model.dtype)
+    return MemoryBreakdown(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        weight_bytes=weight_bytes(model),
+        kv_bytes=spec.bytes_for(batch_size * seq_len),
+        activation_bytes=activation_bytes(model.config, batch_size, seq_len, spec.dtype_bytes),
+    )

@@ -1,0 +1,156 @@
+"""Lab 01's measurements of Hugging Face caching, checked against their oracles.
+
+Generated tokens must equal ``model.generate``'s; cache bytes counted from the real tensors
+must equal ``KVSpec``'s formula; a batch's padding account must match the cache's shape.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompts
+from transformers import GenerationConfig
+
+from kvlab.memory import KVSpec, preset
+from kvlab.naive_hf import (
+    FINISHED_PAD,
+    GENERATED,
+    LEFT_PAD,
+    PROMPT,
+    activation_bytes,
+    cache_bytes,
+    cache_layer_shapes,
+    decode_with_cache,
+    generate_padded,
+    memory_breakdown,
+    padded_cache_slots,
+    time_without_cache,
+    weight_bytes,
+)
+
+NEW_TOKENS = 12
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    out = model.generate(torch.tensor([prompt]), generation_config=config)
+    return out[0, len(prompt) :].tolist()
+
+
+def test_decode_with_cache_matches_generate(tiny):
+    prompt = random_prompts(tiny.config.vocab_size, [9])[0]
+    trace = decode_with_cache(tiny, prompt, NEW_TOKENS)
+    assert trace.generated == hf_greedy(tiny, prompt, NEW_TOKENS)
+    assert trace.token_ids[: len(prompt)] == prompt
+    assert len(trace.step_seconds) == NEW_TOKENS
+    assert all(seconds > 0 for seconds in trace.step_seconds)
+
+
+def test_decode_stops_after_eos(tiny):
+    prompt = random_prompts(tiny.config.vocab_size, [9])[0]
+    free_run = decode_with_cache(tiny, prompt, NEW_TOKENS).generated
+    eos = free_run[3]
+    stopped = decode_with_cache(tiny, prompt, NEW_TOKENS, eos_token_id=eos).generated
+    assert stopped == free_run[: free_run.index(eos) + 1]
+
+
+def test_cache_bytes_follow_the_formula(tiny):
+    """After step i the cache holds prompt + i tokens, at KVSpec.bytes_per_token each."""
+    prompt = random_prompts(tiny.config.vocab_size, [9])[0]
+    trace = decode_with_cache(tiny, prompt, NEW_TOKENS)
+    spec = KVSpec.from_config(tiny.config, dtype=tiny.dtype)
+    assert trace.cache_lens == list(range(len(prompt), len(prompt) + NEW_TOKENS))
+    assert trace.cache_bytes == [spec.bytes_for(n) for n in trace.cache_lens]
+    assert cache_bytes(trace.cache) == trace.cache_bytes[-1]
+    shapes = cache_layer_shapes(trace.cache)
+    expected = (1, spec.num_kv_heads, trace.cache_lens[-1], spec.head_dim)
+    assert shapes == [(expected, expected)] * spec.num_layers
+
+
+def test_without_cache_predicts_the_same_tokens(tiny):
+    """Recomputing the whole prefix gives the token the cached run produced."""
+    prompt = random_prompts(tiny.config.vocab_size, [5])[0]
+    trace = decode_with_cache(tiny, prompt, NEW_TOKENS)
+    lengths = [5, 8, 16]
+    steps = time_without_cache(tiny, trace.token_ids, lengths, repeats=2)
+    assert [s.context_len for s in steps] == lengths
+    assert [s.next_token for s in steps] == [trace.token_ids[n] for n in lengths]
+    assert all(s.seconds > 0 for s in steps)
+    with pytest.raises(ValueError, match="context length"):
+        time_without_cache(tiny, trace.token_ids, [len(trace.token_ids) + 1])
+
+
+def test_decode_rejects_no_tokens(tiny):
+    with pytest.raises(ValueError, match="num_new_tokens"):
+        decode_with_cache(tiny, [1, 2, 3], 0)
+
+
+def test_padded_batch_account_matches_the_cache(tiny):
+    prompts = random_prompts(tiny.config.vocab_size, [3, 11, 7], seed=1)
+    free_runs = [hf_greedy(tiny, p, NEW_TOKENS) for p in prompts]
+    eos = free_runs[0][2]  # makes at least one answer end early
+    batch = generate_padded(tiny, prompts, NEW_TOKENS, eos_token_id=eos, pad_token_id=0)
+
+    # Oracle: each answer is what the request generates alone, cut after EOS.
+    for output, free_run in zip(batch.outputs, free_runs, strict=True):
+        expected = free_run[: free_run.index(eos) + 1] if eos in free_run else free_run
+        assert output == expected
+    assert min(batch.output_lens) < max(batch.output_lens)
+
+    spec = KVSpec.from_config(tiny.config, dtype=tiny.dtype)
+    seq_len = max(batch.prompt_lens) + max(batch.output_lens) - 1
+    assert batch.cache_shape == (3, spec.num_kv_heads, seq_len, spec.head_dim)
+    assert batch.cache_bytes == batch.num_slots * spec.bytes_per_token
+    assert batch.num_slots == 3 * seq_len
+
+    kinds = batch.slot_kinds()
+    assert [len(row) for row in kinds] == [seq_len] * 3
+    flat = [kind for row in kinds for kind in row]
+    assert flat.count(PROMPT) == sum(batch.prompt_lens)
+    assert flat.count(PROMPT) + flat.count(GENERATED) == batch.num_real_tokens
+    assert flat.count(LEFT_PAD) + flat.count(FINISHED_PAD) == batch.num_slots - (
+        batch.num_real_tokens
+    )
+    assert batch.waste == pytest.approx(1 - batch.num_real_tokens / batch.num_slots)
+
+
+def test_padded_cache_slots_by_hand():
+    # Rows of 40 + 50 - 1 = 89 positions; requests need 61, 45 and 44.
+    assert padded_cache_slots([12, 40, 25], [50, 6, 20]) == (3 * 89, 61 + 45 + 44)
+    assert padded_cache_slots([5], [1]) == (5, 5)
+    with pytest.raises(ValueError):
+        padded_cache_slots([3, 4], [1])
+    with pytest.raises(ValueError):
+        padded_cache_slots([0], [2])
+
+
+def test_activation_bytes_by_hand(tiny):
+    # tiny: hidden 64, 4 heads of 16, 2 KV heads, intermediate 128, vocab 256.
+    per_token = 2 * 64 + (2 * 4 + 2 * 2) * 16 + 3 * 128
+    decode = (3 * per_token + 4 * 3 * 10 + 3 * 256) * 4
+    assert activation_bytes(tiny.config, batch_size=3, context_len=10, dtype_bytes=4) == decode
+    prefill = (2 * 10 * per_token + 4 * 20 * 10 + 2 * 256) * 2
+    assert activation_bytes(tiny.config, 2, 10, 2, num_new_tokens=10) == prefill
+
+
+def test_memory_breakdown(tiny):
+    spec = KVSpec.from_config(tiny.config, dtype=tiny.dtype)
+    breakdown = memory_breakdown(tiny, batch_size=4, seq_len=100)
+    # KVSpec counts the weights from the config alone, Qwen2's q/k/v biases included.
+    assert breakdown.weight_bytes == spec.weight_bytes
+    assert breakdown.kv_bytes == spec.bytes_for(400)
+    assert breakdown.total_bytes == (
+        breakdown.weight_bytes + breakdown.kv_bytes + breakdown.activation_bytes
+    )
+
+
+def test_smollm2_dynamic_cache_bytes_per_token(smollm2):
+    """The real model's DynamicCache holds 46080 bytes per token, as the formula says."""
+    model, tokenizer = smollm2
+    prompt = tokenizer("The KV cache stores keys and values so that")["input_ids"]
+    trace = decode_with_cache(model, prompt, 3)
+    measured = cache_bytes(trace.cache) / trace.cache.get_seq_length()
+    assert measured == KVSpec.from_config(model.config).bytes_per_token == 46080
+    assert weight_bytes(model) == preset("smollm2-135m").weight_bytes
