@@ -1,0 +1,427 @@
+"""Benchmarks: kvlab's engine against Hugging Face transformers, and the scheduler alone.
+
+End to end (``python -m kvlab.bench``): one seeded workload of requests with ShareGPT-like
+lengths (``kvlab.simulator.make_trace``, scaled down to a small model) goes through
+
+    hf-one-at-a-time   ``model.generate``, one request after the other (batch 1)
+    hf-static-padded   ``model.generate`` on left-padded batches of max_num_seqs requests;
+                       each batch runs until its longest request is done
+    hf-generate-batch  transformers' own continuous batching (its paged cache and
+                       scheduler, the manager behind ``model.generate_batch``), with the
+                       same KV blocks, seats and token budget as kvlab
+    kvlab-static, kvlab-dynamic, kvlab-continuous   ``kvlab.LLM`` with each policy
+
+with the same model, device, threads and greedy decoding (EOS ignored, so every request
+generates exactly its output length). It checks that every method produced the same
+tokens, and prints tokens/s, the ratios against hf-one-at-a-time and hf-generate-batch,
+and how much of the held KV memory held tokens (KV utilization).
+
+    python -m kvlab.bench --num-requests 16 --max-tokens 32     # a few minutes on a CPU
+    python -m kvlab.bench --threads 1 --repeat 2                # steadier on a shared machine
+
+Scheduler overhead (``python -m kvlab.bench --scheduler-only``): no model; 1,000 and
+10,000 running sequences decode through ``Scheduler.schedule`` with a real block manager,
+plus the block-table preparation a forward step needs, and the cost is reported in
+microseconds per sequence per step.
+
+Not handled: sampling (greedy only), GPU timing details (CUDA steps are synchronized by
+reading the sampled tokens each step, like any engine that samples on the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.cache.base import ForwardBatch
+from kvlab.cache.paged import PagedKVCache
+from kvlab.engine import build_batch
+from kvlab.request import Request
+from kvlab.sampling_params import SamplingParams
+from kvlab.scheduler import Scheduler, SchedulerConfig
+from kvlab.simulator import make_trace
+
+# ---- the workload --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts (token ids) and how many tokens each request generates."""
+
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def make_workload(
+    num_requests: int,
+    vocab_size: int,
+    max_prompt_len: int = 256,
+    max_tokens: int = 64,
+    prompt_scale: float = 0.25,
+    output_scale: float = 0.1,
+    seed: int = 0,
+    exclude_ids: tuple[int, ...] = (),
+) -> Workload:
+    """ShareGPT-like lengths (161 prompt, 338 output tokens on average) scaled for a CPU.
+
+    Prompt lengths are ``prompt_scale`` x the trace's (at most ``max_prompt_len``), output
+    lengths ``output_scale`` x (at most ``max_tokens``); token ids are drawn at random.
+    """
+    trace = make_trace(num_requests, "sharegpt", arrival_rate=math.inf, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    prompts, outputs = [], []
+    for prompt_len, output_len in zip(trace.prompt_lens, trace.output_lens, strict=True):
+        n = min(max(round(prompt_len * prompt_scale), 4), max_prompt_len)
+        # Ids from 3 up: 0-2 are the pad/bos/eos ids of Llama-style vocabularies.
+        ids = torch.randint(3, vocab_size, (n,), generator=generator).tolist()
+        prompts.append([t if t not in exclude_ids else (t + 1) % vocab_size for t in ids])
+        outputs.append(min(max(round(output_len * output_scale), 1), max_tokens))
+    return Workload(prompts, outputs)
+
+
+# ---- the methods ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One method's run: wall time, tokens, and (where it can be known) KV utilization."""
+
+    name: str
+    seconds: float
+    outputs: list[list[int]]
+    kv_utilization: float | None = None
+    note: str = ""
+
+
+def run_hf_one_at_a_time(model, workload: Workload) -> Result:
+    from transformers import GenerationConfig
+
+    outputs = []
+    start = time.perf_counter()
+    for prompt, num_new in zip(workload.prompts, workload.output_lens, strict=True):
+        config = _hf_config(GenerationConfig, num_new)
+        ids = torch.tensor([prompt], device=model.device)
+        # An explicit mask: without one, generate masks every token equal to pad_token_id.
+        mask = torch.ones_like(ids)
+        out = model.generate(ids, attention_mask=mask, generation_config=config)
+        outputs.append(out[0, len(prompt) :].tolist())
+    return Result("hf-one-at-a-time", time.perf_counter() - start, outputs, 1.0)
+
+
+def run_hf_static_padded(model, workload: Workload, batch_size: int) -> Result:
+    from transformers import GenerationConfig
+
+    outputs, held, used = [], 0, 0
+    start = time.perf_counter()
+    for first in range(0, len(workload.prompts), batch_size):
+        prompts = workload.prompts[first : first + batch_size]
+        lens = workload.output_lens[first : first + batch_size]
+        width, steps = max(map(len, prompts)), max(lens)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device
+        )
+        config = _hf_config(GenerationConfig, steps)
+        out = model.generate(ids, attention_mask=mask, generation_config=config)
+        outputs += [row[:n] for row, n in zip(out[:, width:].tolist(), lens, strict=True)]
+        # DynamicCache holds batch x (width + t) slots at step t; a row's useful tokens are
+        # its prompt and its own outputs (padding and tokens past its length are waste).
+        for t in range(steps):
+            held += len(prompts) * (width + t)
+            used += sum(len(p) + min(t, n) for p, n in zip(prompts, lens, strict=True))
+    return Result("hf-static-padded", time.perf_counter() - start, outputs, used / held)
+
+
+def run_hf_generate_batch(model, workload: Workload, num_blocks: int, args) -> Result:
+    """transformers' continuous batching, sized like kvlab (same blocks, seats, budget)."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    config = _hf_config(GenerationConfig, max(workload.output_lens))
+    config.eos_token_id = -1  # ignore EOS (transformers' manager wants an int here)
+    cb_config = ContinuousBatchingConfig(
+        page_size=args.block_size,
+        num_blocks=num_blocks,
+        max_batch_tokens=args.max_num_batched_tokens,
+        max_requests_per_batch=args.max_num_seqs,
+    )
+    results = {}
+    start = time.perf_counter()
+    with model.continuous_batching_context_manager(
+        generation_config=config, continuous_batching_config=cb_config, warmup=False
+    ) as manager:
+        for i, (prompt, num_new) in enumerate(
+            zip(workload.prompts, workload.output_lens, strict=True)
+        ):
+            manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=num_new)
+        while len(results) < len(workload.prompts):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                results[result.request_id] = list(result.generated_tokens)
+            elif result is None and not manager.is_running():
+                raise RuntimeError("transformers' continuous batching thread stopped")
+        seconds = time.perf_counter() - start  # before the manager's shutdown
+    outputs = [results[f"r{i}"] for i in range(len(workload.prompts))]
+    return Result("hf-generate-batch", seconds, outputs)
+
+
+def run_kvlab(model, workload: Workload, scheduling: str, num_blocks: int, args) -> Result:
+    from kvlab.llm import LLM
+
+    llm = LLM(
+        model,
+        scheduling=scheduling,
+        block_size=args.block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        batch_timeout=args.batch_timeout,
+        attention_backend=args.attention_backend,
+    )
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens
+    ]
+    start = time.perf_counter()
+    outputs = llm.generate(workload.prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    summary = llm.metrics.summary()
+    note = f"peak KV {summary['kv_usage_peak']:.0%}, {summary['num_preemptions']} preemptions"
+    return Result(
+        f"kvlab-{scheduling}",
+        seconds,
+        [o.outputs[0].token_ids for o in outputs],
+        summary["kv_utilization_mean"],
+        note,
+    )
+
+
+def _hf_config(generation_config_cls, max_new_tokens: int):
+    return generation_config_cls(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,  # ignore EOS
+        do_sample=False,
+        pad_token_id=0,
+    )
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def mismatches(results: list[Result], reference: Result) -> list[str]:
+    """Where any method's tokens differ from the reference's (request, first position)."""
+    lines = []
+    for result in results:
+        for i, (ours, theirs) in enumerate(zip(result.outputs, reference.outputs, strict=True)):
+            if ours != theirs:
+                pos = next(
+                    (j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                    min(len(ours), len(theirs)),
+                )
+                lines.append(
+                    f"{result.name} differs from {reference.name} on request {i} "
+                    f"from output token {pos}"
+                )
+    return lines
+
+
+def format_table(results: list[Result], num_tokens: int) -> str:
+    by_name = {r.name: r for r in results}
+    base = by_name.get("hf-one-at-a-time")
+    cb = by_name.get("hf-generate-batch")
+    header = f"{'method':<20}{'seconds':>9}{'tokens/s':>10}{'vs 1-at-a-time':>16}"
+    header += f"{'vs generate_batch':>19}{'KV util':>9}  notes"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        rate = num_tokens / r.seconds
+        vs_base = f"{base.seconds / r.seconds:.2f}x" if base else "-"
+        vs_cb = f"{cb.seconds / r.seconds:.2f}x" if cb else "-"
+        util = f"{r.kv_utilization:.0%}" if r.kv_utilization is not None else "n/a"
+        lines.append(
+            f"{r.name:<20}{r.seconds:>9.2f}{rate:>10.1f}{vs_base:>16}{vs_cb:>19}{util:>9}  {r.note}"
+        )
+    return "\n".join(lines)
+
+
+def run_end_to_end(args) -> None:
+    from kvlab.models import load_model
+
+    model, tokenizer = load_model(args.model, device=args.device)
+    special = tuple(getattr(tokenizer, "all_special_ids", ()) or ()) if tokenizer else ()
+    workload = make_workload(
+        args.num_requests,
+        model.config.vocab_size,
+        max_prompt_len=args.max_prompt_len,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        exclude_ids=special,
+    )
+    lens = [len(p) for p in workload.prompts]
+    longest = max(p + o for p, o in zip(lens, workload.output_lens, strict=True))
+    num_blocks = args.num_blocks or args.max_num_seqs * -(-longest // args.block_size)
+    print(
+        f"model {args.model} on {model.device}, {torch.get_num_threads()} threads; "
+        f"{len(lens)} requests, prompt {min(lens)}..{max(lens)} (mean {sum(lens) / len(lens):.0f})"
+        f", output {min(workload.output_lens)}..{max(workload.output_lens)} "
+        f"(total {workload.num_output_tokens} tokens); KV pool {num_blocks} blocks of "
+        f"{args.block_size}"
+    )
+    methods: dict[str, Callable[[], Result]] = {
+        "hf-one-at-a-time": lambda: run_hf_one_at_a_time(model, workload),
+        "hf-static-padded": lambda: run_hf_static_padded(model, workload, args.max_num_seqs),
+        "hf-generate-batch": lambda: run_hf_generate_batch(model, workload, num_blocks, args),
+        "kvlab-static": lambda: run_kvlab(model, workload, "static", num_blocks, args),
+        "kvlab-dynamic": lambda: run_kvlab(model, workload, "dynamic", num_blocks, args),
+        "kvlab-continuous": lambda: run_kvlab(model, workload, "continuous", num_blocks, args),
+    }
+    results = []
+    for name, run in methods.items():
+        if name in args.skip:
+            continue
+        print(f"running {name} ...", flush=True)
+        try:
+            # The fastest of --repeat runs: on a shared machine, slower runs measure the
+            # neighbours' load, not the method.
+            runs = [run() for _ in range(args.repeat)]
+        except Exception as error:  # report and go on: one failing baseline is a finding
+            print(f"  {name} FAILED: {type(error).__name__}: {error}")
+        else:
+            results.append(min(runs, key=lambda r: r.seconds))
+            print("  " + ", ".join(f"{r.seconds:.1f} s" for r in runs))
+    print()
+    print(format_table(results, workload.num_output_tokens))
+    if results:
+        reference = results[0]
+        problems = mismatches(results[1:], reference)
+        print()
+        if problems:
+            print(f"token mismatches ({len(problems)}):")
+            print("\n".join(problems[:20]))
+        else:
+            print(f"greedy outputs are token-identical across all {len(results)} methods")
+
+
+# ---- scheduler overhead --------------------------------------------------------------------
+
+
+def scheduler_overhead(num_seqs: int, num_steps: int = 32, block_size: int = 16) -> dict:
+    """Microseconds per running sequence per decode step, without a model.
+
+    ``num_seqs`` requests with 32-token prompts are admitted and prefilled (not timed);
+    then every step schedules all of them for one decode token, appends a token to each,
+    and builds the step's block table and slot mapping. Reported parts:
+
+        scheduler     ``Scheduler.schedule``'s own work (the allocator call stubbed out)
+        allocator     ``PagedKVCache.allocate_slots`` for every sequence (block manager)
+        update        the engine's bookkeeping: computed tokens, the new token, the batch
+        block_table   ``PagedKVCache.begin_step``: block tables and slot mapping tensors
+    """
+    real = _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator=False)
+    stub = _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator=True)
+    per = {
+        "scheduler": stub["schedule"],
+        "allocator": max(real["schedule"] - stub["schedule"], 0.0),
+        "update": real["update"],
+        "block_table": real["block_table"],
+    }
+    per["total"] = sum(per.values())
+    return per
+
+
+def _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator: bool) -> dict:
+    prompt_len = 32
+    blocks_per_seq = -(-(prompt_len + num_steps + 1) // block_size)
+    cache = PagedKVCache(1, 1, 1, num_blocks=num_seqs * blocks_per_seq, block_size=block_size)
+    config = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
+    scheduler = Scheduler(config, cache)
+    params = SamplingParams(temperature=0, max_tokens=num_steps + 2, ignore_eos=True)
+    for i in range(num_seqs):
+        prompt = [(i * 7 + j) % 1000 for j in range(prompt_len)]
+        scheduler.add_request(Request(str(i), i, prompt, params))
+    _fake_step(scheduler.schedule(0.0))  # admission and prefill, not timed
+    if stub_allocator:
+        cache.allocate_slots = lambda seq_id, num_new_tokens, token_ids=None: None
+    times = {"schedule": 0.0, "update": 0.0, "block_table": 0.0}
+    for step in range(num_steps):
+        t0 = time.perf_counter()
+        out = scheduler.schedule(float(step))
+        t1 = time.perf_counter()
+        batch = _fake_step(out)
+        t2 = time.perf_counter()
+        if not stub_allocator:
+            cache.begin_step(batch)
+        t3 = time.perf_counter()
+        times["schedule"] += t1 - t0
+        times["update"] += t2 - t1
+        times["block_table"] += t3 - t2
+        assert len(out.requests) == num_seqs
+    return {k: v / num_steps / num_seqs * 1e6 for k, v in times.items()}
+
+
+def _fake_step(out) -> ForwardBatch:
+    """What the engine does around a forward, minus the model: count, sample, batch."""
+    num_computed = [r.num_computed_tokens for r in out.requests]
+    batch = build_batch([r.seq_id for r in out.requests], num_computed, out.num_new_tokens)
+    for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
+        request.num_computed_tokens += num_new
+        if request.num_computed_tokens == request.num_tokens:
+            request.append_token(request.num_tokens % 1000)
+    return batch
+
+
+def run_scheduler_only(args) -> None:
+    print("scheduler overhead, microseconds per running sequence per decode step")
+    names = ("scheduler", "allocator", "update", "block_table", "total")
+    print(f"{'sequences':>10}" + "".join(f"{name:>13}" for name in names))
+    for num_seqs in args.num_seqs:
+        per = scheduler_overhead(num_seqs, args.steps)
+        print(f"{num_seqs:>10}" + "".join(f"{per[name]:>13.2f}" for name in names))
+
+
+# ---- command line --------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m kvlab.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64, help="cap on output lengths")
+    parser.add_argument("--max-prompt-len", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-blocks", type=int, default=None)
+    parser.add_argument("--batch-timeout", type=float, default=0.05)
+    parser.add_argument("--attention-backend", default="torch")
+    parser.add_argument("--skip", nargs="*", default=[], help="method names to leave out")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per method; the fastest counts")
+    parser.add_argument("--scheduler-only", action="store_true")
+    parser.add_argument("--num-seqs", type=int, nargs="*", default=[1000, 10000])
+    parser.add_argument("--steps", type=int, default=32, help="scheduler-only: decode steps")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.scheduler_only:
+        run_scheduler_only(args)
+    else:
+        run_end_to_end(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,463 @@
+"""The engine: a model runner, a KV cache and a scheduler, driven one step at a time.
+
+``LLMEngine.step()`` is one iteration of the serving loop, in the seed article's order:
+
+    1. arrivals     requests whose arrival time has passed join the waiting queue
+    2. admit        the scheduler picks this step's sequences and their tokens ...
+    3. allocate     ... and takes their KV slots (blocks from the shared pool, block table
+                    updated; a preemption frees or swaps blocks when none are left)
+       prefetch     with swapping: start copying swapped-out blocks back for the requests
+                    the next step may resume, so the copy overlaps this step's compute
+    4. compute      one forward pass over the new tokens of every sequence, packed flat
+                    (varlen: a prefill chunk and 60 decodes share the same matmuls)
+    5. sample       a next token for every sequence whose tokens are all computed;
+                    a request with n > 1 forks its samples here, sharing the prompt's blocks
+    6. free         finished sequences give their blocks back; full blocks stay in the
+                    prefix cache, reusable by a later prompt with the same prefix
+
+and it returns a ``RequestOutput`` for every request that got a token. ``kvlab.LLM`` wraps
+this loop for offline use; a lab can call ``step()`` itself and draw the cache in between.
+
+Not handled: online serving (HTTP, streaming), tensor parallelism, detokenizing text
+before a sample finishes, stop strings.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kvlab.cache.base import CacheFullError, ForwardBatch, KVCache
+from kvlab.cache.contiguous import ContiguousKVCache
+from kvlab.cache.contiguous_arena import reservation_size
+from kvlab.cache.paged import PagedKVCache
+from kvlab.metrics import RequestMetrics, RunMetrics, StepStats, WallClock
+from kvlab.outputs import CompletionOutput, RequestOutput
+from kvlab.request import Request, RequestStatus
+from kvlab.runner import ModelRunner
+from kvlab.sampler import make_generator, sample
+from kvlab.sampling_params import SamplingParams
+from kvlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvlab.swap import SwapSpace
+
+StepCallback = Callable[[StepStats], None]
+
+
+class LLMEngine:
+    """Owns the runner, the cache and the scheduler; ``step()`` advances every request.
+
+    Args:
+        runner: the model (``kvlab.runner.ModelRunner``).
+        cache: a ``PagedKVCache`` or ``ContiguousKVCache`` shaped like the model.
+        scheduler_config: batching policy and limits.
+        swap_space: CPU block pool, needed when ``preemption_mode="swap"``.
+        clock: ``WallClock()`` (default) or ``ManualClock(step_seconds)`` for replays.
+        tokenizer: decodes finished samples and encodes text prompts; None for token ids only.
+        eos_token_id: ends a sample unless ``ignore_eos``; None never stops on EOS.
+        max_model_len: longest sequence; defaults to the model's ``max_position_embeddings``.
+        seed: seeds the per-request seeds of sampled requests that bring none.
+        on_step: called with each step's ``StepStats`` (e.g. to redraw a widget).
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        cache: KVCache,
+        scheduler_config: SchedulerConfig | None = None,
+        *,
+        swap_space: SwapSpace | None = None,
+        clock=None,
+        tokenizer=None,
+        eos_token_id: int | None = None,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        on_step: StepCallback | None = None,
+    ) -> None:
+        self.runner = runner
+        self.cache = cache
+        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), cache, swap_space)
+        self.swap_space = self.scheduler.swap_space
+        self.clock = clock if clock is not None else WallClock()
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+        self.max_model_len = max_model_len or runner.config.max_position_embeddings
+        self.vocab_size = runner.config.vocab_size
+        self.on_step = on_step
+        self.metrics = RunMetrics()
+        self._seed_generator = torch.Generator().manual_seed(seed)
+        self._seq_ids = itertools.count()
+        self._pending: list[tuple[float, int, Request]] = []  # arrivals still in the future
+        self._samples: dict[str, list[Request]] = {}  # request_id -> its samples
+        self._prompts: dict[str, str | None] = {}
+        self._num_steps = 0
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.scheduler.config
+
+    def reset_metrics(self) -> None:
+        """Start measuring afresh (``LLM.generate`` does this at every call)."""
+        self.metrics = RunMetrics()
+        self.scheduler.reset_counters()
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; it is seen by the scheduler once the clock passes ``arrival_time``.
+
+        Raises:
+            ValueError: the request is refused (the message says why); nothing changes, and
+                the engine goes on serving the other requests.
+        """
+        request_id = str(request_id)
+        if request_id in self._samples:
+            raise ValueError(f"request_id={request_id!r} is already used by an unfinished request")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(
+                f"sampling_params={params!r} is not allowed: use a kvlab.SamplingParams"
+            )
+        prompt_token_ids = self._prompt_token_ids(request_id, prompt)
+        self._check_fits(request_id, prompt_token_ids, params)
+        now = self.clock.now()
+        arrival = now if arrival_time is None else arrival_time
+        if (
+            isinstance(arrival, bool)
+            or not isinstance(arrival, int | float)
+            or not math.isfinite(arrival)
+        ):
+            raise ValueError(f"arrival_time={arrival_time!r} is not allowed: use seconds (finite)")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority={priority!r} is not allowed: use an int (lower runs first)")
+        request = Request(
+            request_id=request_id,
+            seq_id=next(self._seq_ids),
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            arrival_time=float(arrival),
+            priority=priority,
+            eos_token_id=self.eos_token_id,
+            max_model_len=self.max_model_len,
+        )
+        if not params.greedy:
+            request.base_seed = params.seed if params.seed is not None else self._draw_seed()
+            request.generator = make_generator(request.base_seed, self.runner.device)
+        self._samples[request_id] = [request]
+        self._prompts[request_id] = prompt if isinstance(prompt, str) else None
+        heapq.heappush(self._pending, (request.arrival_time, request.seq_id, request))
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request wherever it is; its memory is released at once."""
+        samples = self._samples.pop(str(request_id), None)
+        if samples is None:
+            return
+        not_arrived = {p[2].seq_id for p in self._pending if p[2].request_id == str(request_id)}
+        self._pending = [p for p in self._pending if p[2].seq_id not in not_arrived]
+        heapq.heapify(self._pending)
+        self._prompts.pop(str(request_id), None)
+        for request in samples:
+            if request.status is not RequestStatus.FINISHED:
+                if request.seq_id not in not_arrived:
+                    self.scheduler.finish(request)
+                request.status = RequestStatus.FINISHED
+                request.finish_reason = "abort"
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_unfinished()
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration: admit, allocate, compute, sample, free.
+
+        Returns:
+            one ``RequestOutput`` per request that got a new token this step (finished
+            ones included). When nothing can run yet, the clock moves on to the next
+            arrival (or batch timeout) and the list is empty.
+        """
+        now = self.clock.now()
+        self._move_arrivals(now)
+        out = self.scheduler.schedule(now)
+        if not out:
+            self._idle(now)
+            return []
+        if self.metrics.start_time is None:
+            self.metrics.start_time = now
+        if self.swap_space is not None:
+            self.swap_space.wait()  # blocks swapped in by earlier steps are on the device
+            self.scheduler.prefetch()  # start copying back what the next step may resume
+        logits = self._forward(out)  # (num_seqs, vocab_size)
+        self.clock.tick()
+        now = self.clock.now()
+        finished, touched = self._update(out, logits, now)
+        self.scheduler.finish_running(finished)
+        outputs = [self._output(request_id, now) for request_id in touched]
+        self._record_step(out, finished, now)
+        return outputs
+
+    def _forward(self, out: SchedulerOutput) -> torch.Tensor:
+        """Pack every scheduled sequence's new tokens into one flat batch and run the model."""
+        seq_ids, num_computed, input_ids = [], [], []
+        for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
+            start = request.num_computed_tokens
+            seq_ids.append(request.seq_id)
+            num_computed.append(start)
+            if num_new == 1:
+                input_ids.append(request.token_ids[start])
+            else:
+                input_ids.extend(request.token_ids[start : start + num_new])
+        device = self.runner.device
+        batch = build_batch(seq_ids, num_computed, out.num_new_tokens, device)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+        return self.runner.forward(ids, batch, self.cache)
+
+    def _update(self, out: SchedulerOutput, logits: torch.Tensor, now: float):
+        """Count computed tokens, sample where a sequence is complete, fork, spot the finished."""
+        rows = []
+        for i, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens, strict=True)):
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens == request.num_tokens:
+                rows.append(i)  # a prefill chunk that is not the last one samples nothing
+        sampled = [out.requests[i] for i in rows]
+        tokens = sample(logits[rows], sampled) if rows else []
+        finished, touched = [], {}
+        for i, request, token in zip(rows, sampled, tokens, strict=True):
+            if request.first_token_time is None:
+                request.first_token_time = now
+            if request.sampling_params.n > 1 and not request.output_token_ids:
+                finished.extend(self._fork(request, logits[i], now))
+            if request.append_token(token):
+                request.finished_time = now
+                finished.append(request)
+            touched[request.request_id] = None
+        return finished, list(touched)
+
+    def _fork(self, parent: Request, logits_row: torch.Tensor, now: float) -> list[Request]:
+        """Start samples 1..n-1 of ``parent``, sharing its prompt's blocks; return finished."""
+        children = []
+        for index in range(1, parent.sampling_params.n):
+            generator = None
+            if parent.base_seed is not None:
+                generator = make_generator(parent.base_seed + index, self.runner.device)
+            child = parent.fork(next(self._seq_ids), index, generator)
+            child.first_token_time = now
+            children.append(child)
+        tokens = sample(logits_row.expand(len(children), -1), children)
+        finished = []
+        for child, token in zip(children, tokens, strict=True):
+            self._samples[parent.request_id].append(child)
+            done = child.append_token(token)
+            if done:
+                child.finished_time = now
+            try:
+                self.cache.fork(parent.seq_id, child.seq_id)
+            except CacheFullError:
+                self.scheduler.fork_failed(child)  # it waits, or finishes if it is done
+                continue
+            self.scheduler.add_forked(child)
+            if done:
+                finished.append(child)
+        return finished
+
+    def _idle(self, now: float) -> None:
+        """Nothing can run: wait for the next arrival or the dynamic batch's timeout."""
+        times = [self._pending[0][0]] if self._pending else []
+        wakeup = self.scheduler.next_wakeup()
+        if wakeup is not None:
+            times.append(wakeup)
+        times = [t for t in times if t > now]
+        if times:
+            self.clock.advance_to(min(times))
+        elif self.scheduler.has_unfinished():
+            raise RuntimeError(
+                f"the scheduler can run nothing: {len(self.scheduler.waiting)} waiting, "
+                f"{len(self.scheduler.running)} running, {len(self.scheduler.swapped)} "
+                "swapped. This is a bug in kvlab: please report it."
+            )
+
+    def _move_arrivals(self, now: float) -> None:
+        while self._pending and self._pending[0][0] <= now:
+            _, _, request = heapq.heappop(self._pending)
+            self.scheduler.add_request(request)
+
+    # ---- outputs and metrics -------------------------------------------------------------
+
+    def _output(self, request_id: str, now: float) -> RequestOutput:
+        samples = self._samples[request_id]
+        parent = samples[0]
+        n = parent.sampling_params.n
+        done = len(samples) == n and all(s.is_finished for s in samples)
+        completions = [
+            CompletionOutput(
+                index=s.sample_index,
+                text=self._decode(s.output_token_ids) if s.is_finished else None,
+                token_ids=list(s.output_token_ids),
+                finish_reason=s.finish_reason,
+            )
+            for s in sorted(samples, key=lambda s: s.sample_index)
+        ]
+        metrics = None
+        if done:
+            metrics = RequestMetrics.of(samples)
+            self.metrics.requests.append(metrics)
+            del self._samples[request_id]
+        return RequestOutput(
+            request_id=request_id,
+            prompt=self._prompts.pop(request_id) if done else self._prompts[request_id],
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=completions,
+            finished=done,
+            metrics=metrics,
+        )
+
+    def _record_step(self, out: SchedulerOutput, finished: list[Request], now: float) -> None:
+        scheduler = self.scheduler
+        usage = self.cache.usage()
+        # A decode computes the one token sampled last step (so it is past the prompt).
+        num_decode = sum(
+            1
+            for r, n in zip(out.requests, out.num_new_tokens, strict=True)
+            if n == 1 and r.num_computed_tokens > r.num_prompt_tokens
+        )
+        stats = StepStats(
+            step=self._num_steps,
+            time=now,
+            scheduled=tuple(
+                (r.request_id, r.sample_index, n)
+                for r, n in zip(out.requests, out.num_new_tokens, strict=True)
+            ),
+            num_prefill_tokens=out.num_tokens - num_decode,
+            num_decode_tokens=num_decode,
+            admitted=tuple(r.request_id for r in out.admitted),
+            finished=tuple(r.request_id for r in finished),
+            preempted=tuple(r.request_id for r in out.preempted),
+            swapped_out=tuple(r.request_id for r in out.swapped_out),
+            swapped_in=tuple(r.request_id for r in out.swapped_in),
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_swapped=len(scheduler.swapped),
+            kv_usage=usage.reserved_bytes / usage.capacity_bytes if usage.capacity_bytes else 0.0,
+            kv_utilization=usage.utilization,
+            num_free_blocks=self.cache.num_free_blocks
+            if isinstance(self.cache, PagedKVCache)
+            else None,
+        )
+        self._num_steps += 1
+        metrics = self.metrics
+        metrics.steps.append(stats)
+        metrics.end_time = now
+        metrics.num_preemptions = scheduler.num_preemptions
+        metrics.num_swap_outs = scheduler.num_swap_outs
+        metrics.num_swap_ins = scheduler.num_swap_ins
+        metrics.num_prefetched = scheduler.num_prefetched
+        metrics.num_prompt_tokens_queried = scheduler.num_prompt_tokens_queried
+        metrics.num_prompt_tokens_hit = scheduler.num_prompt_tokens_hit
+        if self.on_step is not None:
+            self.on_step(stats)
+
+    # ---- checks and helpers --------------------------------------------------------------
+
+    def _prompt_token_ids(self, request_id: str, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"request {request_id!r}: a text prompt needs a tokenizer, and this model "
+                    "has none: pass token ids (a list of ints)"
+                )
+            prompt = self.tokenizer(prompt)["input_ids"]
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        try:
+            ids = list(prompt)
+        except TypeError:
+            raise ValueError(
+                f"request {request_id!r}: prompt={prompt!r} is not allowed: use a string or "
+                "a list of token ids"
+            ) from None
+        if not ids:
+            raise ValueError(f"request {request_id!r}: the prompt is empty; give at least 1 token")
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
+        bad += [t for t in ids if isinstance(t, int) and not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {request_id!r}: token id {bad[0]!r} is not allowed: use ints in "
+                f"[0, {self.vocab_size}) (the model's vocab_size)"
+            )
+        return ids
+
+    def _check_fits(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """Refuse a request that could never run, even alone: too long, or too big for KV."""
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: the prompt has {len(prompt)} tokens; the model's "
+                f"context (max_model_len) is {self.max_model_len}, so a prompt may have at "
+                f"most {self.max_model_len - 1} (one output token must fit)"
+            )
+        num_tokens = min(len(prompt) + params.max_tokens, self.max_model_len)
+        cache = self.cache
+        if isinstance(cache, PagedKVCache):
+            need = -(-num_tokens // cache.block_size)
+            if need > cache.num_blocks:
+                raise ValueError(
+                    f"request {request_id!r} needs {need} KV blocks ({len(prompt)} prompt + "
+                    f"{params.max_tokens} max_tokens, block_size={cache.block_size}) but the "
+                    f"KV pool has only num_blocks={cache.num_blocks}: lower max_tokens or give "
+                    "the engine more KV memory"
+                )
+        elif isinstance(cache, ContiguousKVCache):
+            need = reservation_size(
+                cache.policy, len(prompt), params.max_tokens, cache.max_model_len
+            )
+            if need > cache.num_slots:
+                raise ValueError(
+                    f"request {request_id!r} reserves {need} KV slots (policy "
+                    f"{cache.policy!r}) but the contiguous pool has only {cache.num_slots}: "
+                    "lower max_tokens or max_model_len, or give the engine more KV memory"
+                )
+
+    def _draw_seed(self) -> int:
+        """A seed for a sampled request that brings none (reproducible from the engine's)."""
+        return int(torch.randint(0, 2**62, (), generator=self._seed_generator))
+
+    def _decode(self, token_ids: list[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def build_batch(
+    seq_ids: list[int], num_computed: list[int], num_new: list[int], device=None
+) -> ForwardBatch:
+    """``ForwardBatch.build`` without a Python loop over tokens (the same tensors).
+
+    A decode step has one new token per sequence, at position ``num_computed``; a mixed
+    step's positions are each sequence's ``num_computed + 0, 1, ...``, made with tensor ops.
+    """
+    computed = torch.tensor(num_computed, dtype=torch.long)
+    new = torch.tensor(num_new, dtype=torch.long)
+    query_start_loc = torch.zeros(len(num_new) + 1, dtype=torch.long)
+    torch.cumsum(new, 0, out=query_start_loc[1:])
+    num_tokens = int(query_start_loc[-1])
+    if num_tokens == len(num_new):
+        positions = computed
+    else:
+        # token j of the flat batch belongs to sequence i: position = computed[i] + j - start[i]
+        offsets = torch.repeat_interleave(computed - query_start_loc[:-1], new)
+        positions = torch.arange(num_tokens) + offsets
+    return ForwardBatch(
+        seq_ids=list(seq_ids),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=(computed + new).to(device),
+        positions=positions.to(device),
+    )

@@ -1,0 +1,381 @@
+"""vLLM's offline API on kvlab's engine: ``LLM(...).generate(prompts, SamplingParams(...))``.
+
+    from kvlab import LLM, SamplingParams
+
+    llm = LLM("smollm2-135m", max_num_seqs=32, block_size=16)
+    outputs = llm.generate(["What is the capital of France?"], SamplingParams(temperature=0))
+    print(outputs[0].outputs[0].text, outputs[0].metrics.ttft)
+
+Every knob of the labs is a constructor argument with vLLM's name, checked when the
+``LLM`` is made. KV memory is sized like vLLM does it: from ``num_blocks`` if given, else
+from a byte budget (``kv_cache_memory_bytes``; on CUDA by default ``gpu_memory_utilization``
+of the device minus what the weights already hold; on a CPU by default 1 GiB), never more
+than ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
+
+Not handled: chat templates inside ``generate`` (use ``kvlab.chat_prompt``), LoRA,
+multi-modal inputs, tensor parallelism, online serving.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from kvlab.attention import ATTENTION_BACKENDS
+from kvlab.batched_attention import BatchedTorchAttention
+from kvlab.cache.contiguous import ContiguousKVCache
+from kvlab.cache.contiguous_arena import POLICIES as RESERVATION_POLICIES
+from kvlab.cache.paged import PagedKVCache
+from kvlab.engine import LLMEngine
+from kvlab.memory import GIB
+from kvlab.metrics import StepStats
+from kvlab.models import load_model
+from kvlab.outputs import RequestOutput
+from kvlab.runner import ModelRunner
+from kvlab.sampling_params import SamplingParams
+from kvlab.scheduler import SchedulerConfig
+from kvlab.swap import SwapSpace
+
+KV_CACHES = ("paged", "contiguous")
+DEFAULT_CPU_KV_BYTES = GIB
+
+
+class LLM:
+    """A model with its KV cache and scheduler, for offline batch generation.
+
+    Args:
+        model: ``"smollm2-135m"``, ``"tiny"``, ``"tiny-qwen2"``, a local checkpoint folder,
+            or an already loaded transformers model (then pass ``tokenizer`` too, if any).
+        tokenizer: only with a loaded model.
+        kv_cache: ``"paged"`` (blocks from a shared pool) or ``"contiguous"`` (one reserved
+            range per request).
+        block_size: tokens per KV block (paged), 1 to 256.
+        num_blocks: KV blocks in the pool (paged; contiguous gets the same token slots);
+            None sizes it from the memory budget.
+        kv_cache_memory_bytes: the KV memory budget in bytes (when ``num_blocks`` is None).
+        gpu_memory_utilization: on CUDA without a byte budget, the share of the device's
+            memory kvlab may fill, weights included, in (0, 1].
+        max_num_seqs: sequences running at once (the seed article's max_batch_size).
+        max_num_batched_tokens: tokens computed per step (continuous scheduling).
+        max_model_len: longest prompt + output; defaults to the model's context.
+        scheduling: ``"continuous"``, ``"static"`` or ``"dynamic"``.
+        batch_timeout: dynamic scheduling: seconds to wait for a batch to fill.
+        scheduling_policy: waiting-queue order: ``"fcfs"`` or ``"priority"``.
+        enable_prefix_caching: reuse the KV blocks of equal prompt prefixes (paged).
+        preemption_mode: when KV blocks run out: ``"recompute"`` or ``"swap"`` (paged).
+        swap_space_bytes: CPU memory for swapped blocks; defaults to the KV pool's size.
+        attention_backend: ``"torch"`` (PyTorch SDPA; the decode rows of a step batched into
+            one call, ``kvlab.batched_attention``) or ``"triton"`` (kvlab's kernels, paged only).
+        page_reuse_threshold: admission watermark in [0, 1): the share of the KV pool that
+            must stay reusable after a new request takes its blocks (see
+            ``kvlab.scheduler.SchedulerConfig``).
+        reservation_policy: contiguous only: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
+        device: where the model and KV live; None picks CUDA when present.
+        dtype: weights and KV dtype (float32 keeps results equal to transformers on a CPU).
+        seed: seeds sampled requests that bring no seed of their own.
+        clock: ``kvlab.metrics.WallClock()`` (default) or ``ManualClock(step_seconds)``.
+    """
+
+    def __init__(
+        self,
+        model="smollm2-135m",
+        *,
+        tokenizer=None,
+        kv_cache: str = "paged",
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 1024,
+        max_model_len: int | None = None,
+        scheduling: str = "continuous",
+        batch_timeout: float = 0.02,
+        scheduling_policy: str = "fcfs",
+        enable_prefix_caching: bool = True,
+        preemption_mode: str = "recompute",
+        swap_space_bytes: int | None = None,
+        attention_backend: str = "torch",
+        page_reuse_threshold: float = 0.0,
+        reservation_policy: str = "max_model_len",
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        clock=None,
+    ) -> None:
+        _check_settings(
+            kv_cache=kv_cache,
+            attention_backend=attention_backend,
+            reservation_policy=reservation_policy,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            swap_space_bytes=swap_space_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching,
+            preemption_mode=preemption_mode,
+        )
+        scheduler_config = SchedulerConfig(
+            policy=scheduling,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            batch_timeout=batch_timeout,
+            page_reuse_threshold=page_reuse_threshold,
+            preemption_mode=preemption_mode,
+            scheduling_policy=scheduling_policy,
+        )  # checks its own fields
+        self.model, self.tokenizer = _load(model, tokenizer, device, dtype)
+        # "torch" batches the decode rows of a step into one call (same math, fewer calls).
+        attention = BatchedTorchAttention() if attention_backend == "torch" else attention_backend
+        runner = ModelRunner(self.model, attention=attention)
+        context = self.model.config.max_position_embeddings
+        if max_model_len is not None and max_model_len > context:
+            raise ValueError(
+                f"max_model_len={max_model_len} is not allowed: the model's context is {context}"
+            )
+        max_model_len = max_model_len or context
+        if num_blocks is None:
+            budget = kv_cache_memory_bytes or _default_kv_budget(
+                runner.device, gpu_memory_utilization
+            )
+            num_blocks = _num_blocks_for(runner, budget, block_size, max_num_seqs, max_model_len)
+        cache = _make_cache(
+            kv_cache,
+            runner,
+            num_blocks,
+            block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            reservation_policy=reservation_policy,
+            max_model_len=max_model_len,
+        )
+        swap_space = None
+        if preemption_mode == "swap":
+            block_bytes = block_size * runner.kv_spec().bytes_per_token
+            swap_space = SwapSpace.from_bytes(cache, swap_space_bytes or num_blocks * block_bytes)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.engine = LLMEngine(
+            runner,
+            cache,
+            scheduler_config,
+            swap_space=swap_space,
+            clock=clock,
+            tokenizer=self.tokenizer,
+            eos_token_id=eos,
+            max_model_len=max_model_len,
+            seed=seed,
+        )
+        self._request_counter = 0
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    @property
+    def metrics(self):
+        """The ``RunMetrics`` of the last ``generate`` call."""
+        return self.engine.metrics
+
+    def generate(
+        self,
+        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        on_step: Callable[[StepStats], None] | None = None,
+        arrival_times: Sequence[float] | None = None,
+        priorities: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; return one ``RequestOutput`` per prompt, in order.
+
+        Args:
+            prompts: a string, a list of token ids, or a list of either.
+            sampling_params: one for all prompts, or one per prompt; default
+                ``SamplingParams()`` (vLLM's: temperature 1.0, 16 tokens).
+            use_tqdm: show a progress bar (finished requests).
+            on_step: called after every engine step with its ``StepStats``.
+            arrival_times: seconds after now at which each request arrives (replay a
+                trace); default: all at once.
+            priorities: per prompt, with ``scheduling_policy="priority"`` (lower first).
+
+        Raises:
+            ValueError: a prompt or parameter is refused; no request of this call runs, and
+                the engine stays usable.
+        """
+        prompts = _as_prompt_list(prompts)
+        params = _per_prompt("sampling_params", sampling_params, len(prompts))
+        params = [p if p is not None else SamplingParams() for p in params]
+        arrivals = _per_prompt("arrival_times", arrival_times, len(prompts), broadcast=False)
+        priority = _per_prompt("priorities", priorities, len(prompts), broadcast=False)
+        engine = self.engine
+        engine.reset_metrics()
+        start = engine.clock.now()
+        ids = []
+        try:
+            for i, prompt in enumerate(prompts):
+                request_id = str(self._request_counter)
+                self._request_counter += 1
+                arrival = None if arrivals[i] is None else start + arrivals[i]
+                engine.add_request(request_id, prompt, params[i], arrival, priority[i] or 0)
+                ids.append(request_id)
+        except ValueError as error:
+            for request_id in ids:
+                engine.abort_request(request_id)
+            raise ValueError(f"prompt {len(ids)}: {error}") from None
+        results: dict[str, RequestOutput] = {}
+        previous_on_step, engine.on_step = engine.on_step, on_step
+        try:
+            with tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm) as bar:
+                while engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished:
+                            results[output.request_id] = output
+                            bar.update(1)
+        finally:
+            engine.on_step = previous_on_step
+        return [results[request_id] for request_id in ids]
+
+
+def _load(model, tokenizer, device, dtype):
+    """(model, tokenizer) from a name or folder, or the loaded model given."""
+    if isinstance(model, str) or hasattr(model, "__fspath__"):
+        return load_model(model, device=device, dtype=dtype)
+    if isinstance(model, torch.nn.Module):
+        return model, tokenizer
+    raise ValueError(
+        f"model={model!r} is not allowed: use a model name, a checkpoint folder or a "
+        "loaded transformers model"
+    )
+
+
+def _num_blocks_for(
+    runner: ModelRunner, budget: int, block_size: int, max_num_seqs: int, max_model_len: int
+) -> int:
+    """Blocks a KV budget holds, capped at what max_num_seqs full sequences could use."""
+    block_bytes = runner.kv_spec().bytes_per_token * block_size
+    num_blocks = budget // block_bytes
+    if num_blocks < 1:
+        raise ValueError(
+            f"kv_cache_memory_bytes={budget} is not allowed: it holds no KV block "
+            f"({block_bytes} bytes for {block_size} tokens of this model)"
+        )
+    return min(num_blocks, max_num_seqs * math.ceil(max_model_len / block_size))
+
+
+def _make_cache(kv_cache, runner, num_blocks, block_size, **options):
+    spec = runner.kv_spec()
+    kv_shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim)
+    if kv_cache == "paged":
+        return PagedKVCache(
+            *kv_shape,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=runner.dtype,
+            device=runner.device,
+            enable_prefix_caching=options["enable_prefix_caching"],
+        )
+    # The same token slots as the paged pool would have, in one arena.
+    return ContiguousKVCache(
+        *kv_shape,
+        num_slots=num_blocks * block_size,
+        policy=options["reservation_policy"],
+        max_model_len=options["max_model_len"],
+        dtype=runner.dtype,
+        device=runner.device,
+        cell_size=block_size,
+    )
+
+
+def _check_settings(**settings) -> None:
+    """The constructor's own checks (SchedulerConfig checks the scheduling fields)."""
+    kv_cache = settings["kv_cache"]
+    _check_choice("kv_cache", kv_cache, KV_CACHES)
+    _check_choice("attention_backend", settings["attention_backend"], tuple(ATTENTION_BACKENDS))
+    _check_choice("reservation_policy", settings["reservation_policy"], RESERVATION_POLICIES)
+    _check_int("block_size", settings["block_size"], 1, 256)
+    for name in ("num_blocks", "max_model_len", "kv_cache_memory_bytes", "swap_space_bytes"):
+        if settings[name] is not None:
+            _check_int(name, settings[name], 1)
+    _check_fraction("gpu_memory_utilization", settings["gpu_memory_utilization"])
+    if not isinstance(settings["enable_prefix_caching"], bool):
+        raise ValueError(
+            f"enable_prefix_caching={settings['enable_prefix_caching']!r} is not allowed: "
+            "use True or False"
+        )
+    if settings["attention_backend"] == "triton" and kv_cache != "paged":
+        raise ValueError(
+            "attention_backend='triton' is not allowed with kv_cache='contiguous': the "
+            "Triton kernels read K/V through a block table; use kv_cache='paged'"
+        )
+    if settings["preemption_mode"] == "swap" and kv_cache != "paged":
+        raise ValueError(
+            "preemption_mode='swap' is not allowed with kv_cache='contiguous': swapping "
+            "moves blocks; use kv_cache='paged' or preemption_mode='recompute'"
+        )
+
+
+def _default_kv_budget(device: torch.device, gpu_memory_utilization: float) -> int:
+    """vLLM's sizing on CUDA (utilization x memory - what is allocated); 1 GiB on a CPU."""
+    if device.type != "cuda":
+        return DEFAULT_CPU_KV_BYTES
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = int(total * gpu_memory_utilization) - torch.cuda.memory_allocated(device)
+    if budget <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization={gpu_memory_utilization} leaves no KV memory: the "
+            "weights already use that share of the device"
+        )
+    return budget
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, torch.Tensor):
+        prompts = prompts.tolist()
+    if not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError(
+            f"prompts={prompts!r} is not allowed: use a string, a list of token ids, or a "
+            "non-empty list of either"
+        )
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [list(prompts)]  # one prompt given as token ids
+    return list(prompts)
+
+
+def _per_prompt(name: str, value, num_prompts: int, broadcast: bool = True) -> list:
+    """One value per prompt; a single ``SamplingParams`` serves every prompt."""
+    if value is None:
+        return [None] * num_prompts
+    if broadcast and isinstance(value, SamplingParams):
+        return [value] * num_prompts
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        one = "a SamplingParams, or " if broadcast else ""
+        raise ValueError(
+            f"{name}={value!r} is not allowed: use {one}a list with one value per prompt"
+        )
+    if len(value) != num_prompts:
+        raise ValueError(
+            f"{name} is not allowed: give one value per prompt ({num_prompts}), got {len(value)}"
+        )
+    return list(value)
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not allowed: use one of {choices}")
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if not ok or (high is not None and value > high):
+        allowed = f"an int from {low} to {high}" if high is not None else f"an int >= {low}"
+        raise ValueError(f"{name}={value!r} is not allowed: use {allowed}")
+
+
+def _check_fraction(name: str, value) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not allowed: use a number in (0, 1]")

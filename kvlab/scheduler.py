@@ -1,0 +1,623 @@
+"""The batch scheduler: each step, which requests run and how many of their tokens.
+
+Three ways to form batches (``SchedulerConfig.policy``), from the seed article's "static
+vs dynamic batching" to what vLLM and every modern server do:
+
+    static      a batch of up to max_num_seqs requests is admitted together and runs to
+                completion; requests that arrive meanwhile wait for the next batch.
+    dynamic     the same, but an empty engine waits for the batch to fill: it starts a
+                batch once max_num_seqs requests wait, or once the oldest has waited
+                batch_timeout seconds (the seed's max_batch_size and batch_timeout).
+    continuous  requests join and leave at every step (iteration-level scheduling, Orca);
+                each step computes at most max_num_batched_tokens tokens (the token_budget),
+                so a long prompt is computed over several steps (chunked prefill) while the
+                running requests keep decoding.
+
+    step:    1      2      3      4      5      6
+    static:  [A B]  [A B]  [A B]  [C D]  [C D]  ...    C, D wait for the whole batch
+    contin.: [A B]  [A B]  [A B C D] ...               C, D join as soon as there is room
+
+One step, in the order of the seed article's flow (admit -> allocate -> compute -> free):
+
+    1. running requests get their next tokens (decode: 1; chunked prefill: a chunk);
+       when no block is left, the newest running request is preempted (below);
+    2. swapped-out requests are swapped back in, oldest first;
+    3. waiting requests are admitted in FCFS (or priority) order while there are free
+       seats (max_num_seqs), tokens in the budget and KV blocks above the watermark;
+       their prompts first adopt the prefix cache's blocks, then allocate the rest.
+
+The engine then computes the step and frees what finished; a freed block that holds a
+full, hashed block of tokens stays in the prefix cache until it is evicted.
+
+Preemption (``preemption_mode``) takes the blocks of the newest running request:
+
+    recompute   free its blocks and requeue it at the head of the waiting queue; its prompt
+                and the tokens generated so far are computed again as one longer prompt
+                (often cheaply: its full blocks are still in the prefix cache);
+    swap        copy its blocks to a CPU pool (``kvlab.swap``), free them, and copy them
+                back later. The swap-in is started a step ahead when memory allows
+                (``prefetch``), the seed article's Prefetch Engine.
+
+Either way the request later produces exactly the tokens it would have produced without
+the preemption: its sampled tokens are kept, and its random generator only advances when
+it draws a token.
+
+Not handled: multiple KV cache groups, speculative decoding, LoRA, pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kvlab.cache.base import CacheFullError, KVCache
+from kvlab.cache.contiguous import ContiguousKVCache
+from kvlab.cache.paged import PagedKVCache
+from kvlab.request import Request, RequestStatus
+from kvlab.swap import SwapSpace
+
+POLICIES = ("static", "dynamic", "continuous")
+PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the scheduler forms batches; every field is checked when the config is made.
+
+    Attributes:
+        policy: ``"static"``, ``"dynamic"`` or ``"continuous"`` (see the module docstring).
+        max_num_seqs: sequences that may run at once (the seed article's max_batch_size).
+            A request with ``n`` samples takes ``n`` seats.
+        max_num_batched_tokens: the token budget of one step (continuous only). Static and
+            dynamic batches compute each prompt whole in its first step, as a padded batch
+            does, and have no budget.
+        batch_timeout: dynamic only: seconds the oldest waiting request may wait for a
+            batch to fill before the batch starts anyway.
+        page_reuse_threshold: the admission watermark, a fraction of the KV pool in [0, 1).
+            A waiting request is admitted only if, after its prompt's blocks are taken, at
+            least this share of all blocks is still reusable (free, or cached and
+            evictable). The reserve lets running requests grow block by block without
+            being preempted; 0 admits while anything fits (more concurrency, more
+            preemptions). It is vLLM's ``watermark`` (0.01 there). It does not apply when
+            nothing is running, so a request that fits alone is never starved.
+        preemption_mode: ``"recompute"`` or ``"swap"`` (needs a paged cache and a swap space).
+        scheduling_policy: order of the waiting queue: ``"fcfs"`` (arrival) or
+            ``"priority"`` (lower ``priority`` first, then arrival; preemption then takes
+            the lowest-priority running request).
+    """
+
+    policy: str = "continuous"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    batch_timeout: float = 0.02
+    page_reuse_threshold: float = 0.0
+    preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        _check_choice("policy", self.policy, POLICIES)
+        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is not allowed: use an int >= 1")
+        if self.policy == "continuous" and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is not allowed with "
+                f"max_num_seqs={self.max_num_seqs}: use at least max_num_seqs, so every "
+                "running sequence can decode one token per step"
+            )
+        timeout = self.batch_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+            raise ValueError(f"batch_timeout={timeout!r} is not allowed: use seconds >= 0 (finite)")
+        if math.isinf(timeout):
+            raise ValueError(f"batch_timeout={timeout!r} is not allowed: use a finite number")
+        threshold = self.page_reuse_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise ValueError(f"page_reuse_threshold={threshold!r} is not allowed: use [0, 1)")
+        if not 0 <= threshold < 1:
+            raise ValueError(
+                f"page_reuse_threshold={threshold!r} is not allowed: use a fraction of the "
+                "KV pool in [0, 1) (0: no reserve)"
+            )
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: what to compute, and what moved.
+
+    Attributes:
+        requests: the sequences to compute, in row order.
+        num_new_tokens: tokens of each to compute this step (its next, uncomputed ones).
+        admitted: requests that got their first blocks this step (new or recomputed).
+        preempted: requests that lost their blocks this step (both modes).
+        swapped_out, swapped_in: the subset that went to / came back from the CPU pool.
+    """
+
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    swapped_out: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+    def _add(self, request: Request, num_new_tokens: int) -> None:
+        self.requests.append(request)
+        self.num_new_tokens.append(num_new_tokens)
+
+    def _remove(self, request: Request) -> int:
+        """Take a request back out of this step; return the tokens it had."""
+        index = self.requests.index(request)
+        del self.requests[index]
+        return self.num_new_tokens.pop(index)
+
+
+class Scheduler:
+    """Decides every step who runs; allocates their KV slots; preempts when blocks run out.
+
+    Args:
+        config: the batching policy and its limits.
+        cache: a ``PagedKVCache`` or a ``ContiguousKVCache``.
+        swap_space: the CPU block pool, for ``preemption_mode="swap"``.
+
+    Attributes:
+        waiting, running, swapped: the three queues.
+        num_preemptions, num_swap_outs, num_swap_ins, num_prefetched: event counts.
+        num_prompt_tokens_queried, num_prompt_tokens_hit: prefix-cache lookups, in tokens.
+    """
+
+    def __init__(
+        self, config: SchedulerConfig, cache: KVCache, swap_space: SwapSpace | None = None
+    ) -> None:
+        if config.preemption_mode == "swap" and swap_space is None:
+            raise ValueError("preemption_mode='swap' needs a swap_space (kvlab.swap.SwapSpace)")
+        self.config = config
+        self.cache = cache
+        self.memory = _memory_for(cache, config.page_reuse_threshold)
+        self.swap_space = swap_space if config.preemption_mode == "swap" else None
+        self.waiting = WaitingQueue(config.scheduling_policy)
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.num_seats = 0  # running sequences, plus the seats reserved for forks
+        self._batch: set[int] = set()  # static/dynamic: seq_ids of the batch in progress
+        self._continuous = config.policy == "continuous"
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.num_preemptions = self.num_swap_outs = self.num_swap_ins = self.num_prefetched = 0
+        self.num_prompt_tokens_queried = self.num_prompt_tokens_hit = 0
+
+    # ---- queues --------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """A request that has arrived joins the waiting queue."""
+        request.status = RequestStatus.WAITING
+        self.waiting.push(request)
+
+    def add_forked(self, request: Request) -> None:
+        """A sample forked from a running request runs at once, in a seat its parent reserved."""
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        if not self._continuous:
+            self._batch.add(request.seq_id)
+
+    def fork_failed(self, request: Request) -> None:
+        """A forked sample found no memory for its copy (contiguous cache).
+
+        It gives back its seat; unless its first token already finished it, it waits and
+        will compute its prompt (and that token) again, like a preempted request.
+        """
+        self.num_seats -= 1
+        request.num_computed_tokens = 0
+        if request.is_finished:
+            request.status = RequestStatus.FINISHED
+            return
+        request.status = RequestStatus.WAITING
+        self.waiting.push_front(request)
+        if not self._continuous:
+            self._batch.add(request.seq_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def finish(self, request: Request) -> None:
+        """Release a finished (or aborted) request's memory and seat."""
+        if request.status is RequestStatus.RUNNING:
+            self.cache.free(request.seq_id)
+            self.num_seats -= _seats(request)
+            self.running.remove(request)
+        elif request.status is RequestStatus.SWAPPED:
+            self._drop_swapped(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        self._batch.discard(request.seq_id)
+
+    def finish_running(self, finished: list[Request]) -> None:
+        """Release many running requests at once (the engine's end of a step)."""
+        if not finished:
+            return
+        for request in finished:
+            self.cache.free(request.seq_id)
+            self.num_seats -= _seats(request)
+            request.status = RequestStatus.FINISHED
+            self._batch.discard(request.seq_id)
+        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+
+    def next_wakeup(self) -> float | None:
+        """When a dynamic batch times out (the engine idles until then), else None."""
+        if self.config.policy != "dynamic" or self._batch or not self.waiting:
+            return None
+        return self.waiting.oldest_arrival() + self.config.batch_timeout
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Plan one step at clock time ``now`` and allocate its KV slots."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens if self._continuous else math.inf
+        budget = self._schedule_running(out, budget)
+        if not out.preempted and self.swapped:
+            budget = self._resume_swapped(out, budget)
+        if not out.preempted and not self.swapped and self.waiting:
+            self._admit_waiting(out, budget, now)
+        for request in out.admitted:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: float) -> float:
+        # NOTE: this loop runs for every running sequence every step; it is written for
+        # speed (locals, no helper calls on the path where the allocation succeeds).
+        allocate = self.cache.allocate_slots
+        requests, nums = out.requests, out.num_new_tokens
+        running = RequestStatus.RUNNING
+        for request in list(self.running):
+            if request.status is not running:
+                continue  # preempted earlier in this loop
+            start = request.num_computed_tokens
+            token_ids = request.token_ids
+            num_new = len(token_ids) - start
+            if num_new > budget:
+                num_new = int(budget)
+                if num_new == 0:
+                    break
+            try:
+                allocate(request.seq_id, num_new, token_ids[start : start + num_new])
+            except CacheFullError:
+                if not self._preempt_until_fits(request, num_new, out):
+                    continue  # it preempted itself
+            requests.append(request)
+            nums.append(num_new)
+            budget -= num_new
+        return budget
+
+    def _preempt_until_fits(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
+        """Free blocks until ``request``'s next tokens fit; False if it was preempted itself."""
+        start = request.num_computed_tokens
+        token_ids = request.token_ids[start : start + num_new]
+        while True:
+            if not self._drop_prefetched():
+                victim = self._pick_victim()
+                if victim.status is RequestStatus.RUNNING and victim in out.requests:
+                    out._remove(victim)  # priority mode: a lower-priority one ran first
+                self._preempt(victim, out)
+                if victim is request:
+                    return False
+            try:
+                self.cache.allocate_slots(request.seq_id, num_new, token_ids)
+                return True
+            except CacheFullError:
+                pass
+
+    def _pick_victim(self) -> Request:
+        if self.config.scheduling_policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.seq_id))
+        return self.running[-1]
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        self.running.remove(victim)
+        self.num_seats -= _seats(victim)
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(victim)
+        swap = self.swap_space
+        if (
+            swap is not None
+            and victim.num_computed_tokens
+            and swap.can_swap_out(victim.num_computed_tokens)
+        ):
+            swap.swap_out(victim.seq_id, victim.num_computed_tokens)
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+            self.num_swap_outs += 1
+            out.swapped_out.append(victim)
+            return
+        # Recompute (also the fallback when the CPU pool is full).
+        self.cache.free(victim.seq_id)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        self.waiting.push_front(victim)
+
+    def _resume_swapped(self, out: SchedulerOutput, budget: float) -> float:
+        swap = self.swap_space
+        while self.swapped and budget > 0 and self._may_admit(self.swapped[0]):
+            request = self.swapped[0]
+            if self.num_seats + _seats(request) > self.config.max_num_seqs:
+                break
+            try:
+                swap.swap_in(request.seq_id, request.token_ids[: request.num_computed_tokens])
+            except CacheFullError:
+                break
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            start = request.num_computed_tokens
+            try:
+                self.cache.allocate_slots(
+                    request.seq_id, num_new, request.token_ids[start : start + num_new]
+                )
+            except CacheFullError:
+                swap.undo_swap_in(request.seq_id)
+                break
+            self.swapped.popleft()
+            swap.release(request.seq_id)
+            self.num_swap_ins += 1
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.num_seats += _seats(request)
+            out.swapped_in.append(request)
+            out._add(request, num_new)
+            budget -= num_new
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: float, now: float) -> None:
+        if self._continuous:
+            candidates: Iterator[Request] = iter(self.waiting)
+        elif self._batch:
+            # A batch is in progress: only its own preempted members may come back.
+            candidates = (r for r in self.waiting if r.seq_id in self._batch)
+        elif self._batch_is_ready(now):
+            candidates = iter(self.waiting)
+        else:
+            return
+        admitted = []
+        for request in candidates:
+            if budget <= 0 or self.num_seats + _seats(request) > self.config.max_num_seqs:
+                break
+            num_hit = self.memory.try_admit(request, budget, bool(self.running))
+            if num_hit is None:
+                break
+            self._count_prefix_lookup(request, num_hit)
+            num_new = min(request.num_tokens - num_hit, budget)
+            try:
+                self.cache.allocate_slots(
+                    request.seq_id, num_new, request.token_ids[num_hit : num_hit + num_new]
+                )
+            except CacheFullError:  # not expected: try_admit counted the blocks
+                self.cache.free(request.seq_id)
+                break
+            request.num_computed_tokens = num_hit
+            admitted.append(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.num_seats += _seats(request)
+            out._add(request, num_new)
+            out.admitted.append(request)
+            budget -= num_new
+            if not self._continuous:
+                self._batch.add(request.seq_id)
+        for request in admitted:
+            self.waiting.remove(request)
+
+    def _may_admit(self, request: Request) -> bool:
+        return self._continuous or request.seq_id in self._batch or not self._batch
+
+    def _batch_is_ready(self, now: float) -> bool:
+        """Static: a batch starts as soon as the last one is done. Dynamic: also when full
+        or when the oldest waiting request has waited ``batch_timeout`` seconds."""
+        if self.config.policy == "static":
+            return True
+        if len(self.waiting) >= self.config.max_num_seqs:
+            return True
+        return now - self.waiting.oldest_arrival() >= self.config.batch_timeout
+
+    def _count_prefix_lookup(self, request: Request, num_hit: int) -> None:
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_hit
+        self.num_prompt_tokens_queried += request.num_tokens
+        self.num_prompt_tokens_hit += num_hit
+
+    # ---- the prefetch engine -------------------------------------------------------------
+
+    def prefetch(self) -> list[Request]:
+        """Start copying swapped requests back before the step that will resume them.
+
+        Call it after ``schedule`` (this step's blocks are taken). A swapped request is
+        prefetched when its blocks fit with room to spare: one block for every running
+        sequence (each may need one next step) plus the watermark.
+
+        Returns:
+            the requests whose copy started.
+        """
+        swap = self.swap_space
+        if swap is None:
+            return []
+        started = []
+        seats = self.num_seats
+        for request in self.swapped:
+            if not self._may_admit(request) or seats + _seats(request) > self.config.max_num_seqs:
+                break
+            seats += _seats(request)
+            if swap.is_resident(request.seq_id):
+                continue
+            need = swap.blocks_for(request.num_tokens)
+            spare = len(self.running) + self.memory.reserve
+            if self.memory.num_free_blocks - need < spare:
+                break
+            try:
+                swap.swap_in(request.seq_id, request.token_ids[: request.num_computed_tokens])
+            except CacheFullError:
+                break
+            self.num_prefetched += 1
+            started.append(request)
+        return started
+
+    def _drop_prefetched(self) -> bool:
+        """Give back the device blocks of one prefetched request (newest first)."""
+        swap = self.swap_space
+        if swap is None:
+            return False
+        for request in reversed(self.swapped):
+            if swap.is_resident(request.seq_id):
+                swap.undo_swap_in(request.seq_id)
+                self.num_prefetched -= 1
+                return True
+        return False
+
+    def _drop_swapped(self, request: Request) -> None:
+        self.swap_space.undo_swap_in(request.seq_id)
+        self.swap_space.release(request.seq_id)
+        self.swapped.remove(request)
+
+
+class WaitingQueue:
+    """The waiting requests, in FCFS or priority order; preempted ones go back to the head."""
+
+    def __init__(self, policy: str = "fcfs") -> None:
+        self.policy = policy
+        self._fcfs: deque[Request] = deque()
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._fcfs) if self.policy == "fcfs" else len(self._heap)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[Request]:
+        """Requests in the order they would be admitted (do not push or remove meanwhile)."""
+        if self.policy == "fcfs":
+            return iter(self._fcfs)
+        return iter([entry[-1] for entry in sorted(self._heap, key=lambda e: e[:3])])
+
+    def push(self, request: Request) -> None:
+        if self.policy == "fcfs":
+            self._fcfs.append(request)
+        else:
+            key = (request.priority, request.arrival_time, next(self._order), request)
+            heapq.heappush(self._heap, key)
+
+    def push_front(self, request: Request) -> None:
+        """A preempted request: first in FCFS; in priority order by its priority and age."""
+        if self.policy == "fcfs":
+            self._fcfs.appendleft(request)
+        else:
+            self.push(request)
+
+    def remove(self, request: Request) -> None:
+        if self.policy == "fcfs":
+            if self._fcfs and self._fcfs[0] is request:
+                self._fcfs.popleft()
+            else:
+                self._fcfs.remove(request)
+            return
+        if self._heap and self._heap[0][-1] is request:
+            heapq.heappop(self._heap)
+            return
+        self._heap = [entry for entry in self._heap if entry[-1] is not request]
+        heapq.heapify(self._heap)
+
+    def oldest_arrival(self) -> float:
+        requests = self._fcfs if self.policy == "fcfs" else [e[-1] for e in self._heap]
+        return min(r.arrival_time for r in requests)
+
+
+def _seats(request: Request) -> int:
+    """Seats a request holds: one, plus one per sample still to be forked from it."""
+    n = request.sampling_params.n
+    if n > 1 and request.sample_index == 0 and not request.output_token_ids:
+        return n
+    return 1
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not allowed: use one of {choices}")
+
+
+# ---- the scheduler's view of KV memory -------------------------------------------------------
+
+
+class _PagedMemory:
+    """Admission for a paged cache: prefix-cache hits first, then blocks above the watermark."""
+
+    def __init__(self, cache: PagedKVCache, threshold: float) -> None:
+        self.cache = cache
+        self.manager = cache.manager
+        self.reserve = math.ceil(threshold * cache.num_blocks)  # blocks kept reusable
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.manager.num_free_blocks
+
+    def try_admit(self, request: Request, budget: float, anything_running: bool) -> int | None:
+        """Register ``request`` in the cache if its next tokens fit; None if not.
+
+        Returns:
+            prompt tokens already computed, found in the prefix cache.
+        """
+        manager = self.manager
+        hits = manager.lookup_prefix(request.token_ids)
+        num_hit = len(hits) * manager.block_size
+        num_new = min(request.num_tokens - num_hit, budget)
+        new_blocks = -(-(num_hit + num_new) // manager.block_size) - len(hits)
+        revived = sum(1 for b in hits if manager.pool.ref_cnt[b] == 0)  # leave the free queue
+        left = manager.num_free_blocks - new_blocks - revived
+        if left < 0 or (anything_running and left < self.reserve):
+            return None
+        return self.cache.add_request(request.seq_id, request.token_ids)
+
+
+class _ContiguousMemory:
+    """Admission for a contiguous cache: the whole reservation must fit in one hole."""
+
+    def __init__(self, cache: ContiguousKVCache, threshold: float) -> None:
+        self.cache = cache
+        self.threshold = threshold
+        self.reserve = 0
+        self.num_free_blocks = 0  # nothing to prefetch into: no swapping here
+
+    def try_admit(self, request: Request, budget: float, anything_running: bool) -> int | None:
+        remaining = request.sampling_params.max_tokens - len(request.output_token_ids)
+        try:
+            self.cache.add_request(request.seq_id, request.token_ids, max_tokens=remaining)
+        except CacheFullError:
+            return None
+        arena = self.cache.arena
+        if anything_running and arena.num_free_slots < self.threshold * arena.num_slots:
+            self.cache.free(request.seq_id)
+            return None
+        return 0
+
+
+def _memory_for(cache: KVCache, threshold: float):
+    if isinstance(cache, PagedKVCache):
+        return _PagedMemory(cache, threshold)
+    if isinstance(cache, ContiguousKVCache):
+        return _ContiguousMemory(cache, threshold)
+    raise TypeError(
+        f"the scheduler needs a PagedKVCache or a ContiguousKVCache, got {type(cache).__name__}"
+    )

@@ -1,0 +1,289 @@
+"""The scheduler without a model: who runs when under each policy, budgets, watermark,
+preemption and swapping. A fake step stands in for the forward pass: every computed
+sequence whose tokens are all computed "samples" token 7.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.cache.contiguous import ContiguousKVCache
+from kvlab.cache.paged import PagedKVCache
+from kvlab.request import Request, RequestStatus
+from kvlab.sampling_params import SamplingParams
+from kvlab.scheduler import Scheduler, SchedulerConfig, WaitingQueue
+from kvlab.swap import SwapSpace
+
+
+def paged(num_blocks=64, block_size=4) -> PagedKVCache:
+    return PagedKVCache(1, 1, 2, num_blocks=num_blocks, block_size=block_size, device="cpu")
+
+
+def request(seq_id, prompt_len=4, max_tokens=3, arrival=0.0, priority=0, first_token=10):
+    prompt = list(range(first_token + seq_id * 100, first_token + seq_id * 100 + prompt_len))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    return Request(str(seq_id), seq_id, prompt, params, arrival_time=arrival, priority=priority)
+
+
+class Driver:
+    """Steps a scheduler the way the engine does, with token 7 as every sampled token."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self.now = 0.0
+        self.log: list[list[tuple[int, int]]] = []  # per step: (seq_id, num_new_tokens)
+        self.outs = []
+
+    def step(self):
+        out = self.scheduler.schedule(self.now)
+        self.outs.append(out)
+        scheduled = list(zip(out.requests, out.num_new_tokens, strict=True))
+        self.log.append([(r.seq_id, n) for r, n in scheduled])
+        finished = []
+        for r, n in scheduled:
+            r.num_computed_tokens += n
+            if r.num_computed_tokens == r.num_tokens and r.append_token(7):
+                finished.append(r)
+        self.scheduler.finish_running(finished)
+        self.now += 1.0
+        return out
+
+    def run(self, max_steps=100):
+        while self.scheduler.has_unfinished() and len(self.log) < max_steps:
+            self.step()
+        assert not self.scheduler.has_unfinished()
+
+    def steps_of(self, seq_id) -> list[int]:
+        return [i for i, step in enumerate(self.log) if any(s == seq_id for s, _ in step)]
+
+
+def make(policy="continuous", cache=None, **kwargs):
+    swap = kwargs.pop("swap", None)
+    config = SchedulerConfig(policy=policy, **kwargs)
+    return Scheduler(config, cache or paged(), swap)
+
+
+# ---- who runs when -------------------------------------------------------------------------
+
+
+def test_static_batch_runs_to_completion_before_the_next():
+    scheduler = make("static", max_num_seqs=2)
+    short, long_, late1, late2 = (request(i, max_tokens=m) for i, m in enumerate([1, 4, 1, 1]))
+    for r in (short, long_, late1, late2):
+        scheduler.add_request(r)
+    driver = Driver(scheduler)
+    driver.run()
+    # seq 0 finishes after step 0, but seq 2 waits until seq 1 (same batch) is done too.
+    assert driver.steps_of(0) == [0]
+    assert driver.steps_of(1) == [0, 1, 2, 3]
+    assert driver.steps_of(2) == [4] and driver.steps_of(3) == [4]
+
+
+def test_continuous_admits_as_soon_as_a_seat_frees():
+    scheduler = make("continuous", max_num_seqs=2)
+    for i, m in enumerate([1, 4, 1, 1]):
+        scheduler.add_request(request(i, max_tokens=m))
+    driver = Driver(scheduler)
+    driver.run()
+    assert driver.steps_of(2) == [1]  # seq 0 left after step 0
+    assert driver.steps_of(3) == [2]
+
+
+def test_dynamic_waits_for_a_full_batch_or_the_timeout():
+    scheduler = make("dynamic", max_num_seqs=3, batch_timeout=5.0)
+    scheduler.add_request(request(0, arrival=0.0))
+    assert not scheduler.schedule(now=1.0)  # 1 of 3 seats filled, waited 1 s of 5
+    assert scheduler.next_wakeup() == 5.0
+    scheduler.add_request(request(1, arrival=2.0))
+    assert not scheduler.schedule(now=4.9)
+    out = scheduler.schedule(now=5.0)  # the oldest has waited batch_timeout
+    assert [r.seq_id for r in out.requests] == [0, 1]
+    assert scheduler.next_wakeup() is None  # a batch is running
+
+
+def test_dynamic_starts_at_once_when_the_batch_is_full():
+    scheduler = make("dynamic", max_num_seqs=2, batch_timeout=100.0)
+    scheduler.add_request(request(0))
+    scheduler.add_request(request(1))
+    out = scheduler.schedule(now=0.0)
+    assert [r.seq_id for r in out.requests] == [0, 1]
+
+
+def test_chunked_prefill_respects_the_token_budget():
+    scheduler = make("continuous", max_num_seqs=4, max_num_batched_tokens=8)
+    scheduler.add_request(request(0, prompt_len=3, max_tokens=10))
+    scheduler.add_request(request(1, prompt_len=21, max_tokens=2))
+    driver = Driver(scheduler)
+    driver.run()
+    for step in driver.log:
+        assert sum(n for _, n in step) <= 8
+    # seq 0 (running, decoding) always gets its token first; seq 1's prompt comes in chunks
+    assert driver.log[0] == [(0, 3), (1, 5)]
+    assert driver.log[1] == [(0, 1), (1, 7)]
+    assert driver.log[2] == [(0, 1), (1, 7)]
+    assert driver.log[3] == [(0, 1), (1, 2)]  # the last chunk, then seq 1 samples
+
+
+def test_static_computes_whole_prompts_without_a_budget():
+    scheduler = make("static", max_num_batched_tokens=8)
+    scheduler.add_request(request(0, prompt_len=21))
+    out = scheduler.schedule(0.0)
+    assert out.num_new_tokens == [21]
+
+
+def test_priority_policy_admits_lower_priority_values_first():
+    scheduler = make(max_num_seqs=1, scheduling_policy="priority")
+    scheduler.add_request(request(0, priority=5))
+    scheduler.add_request(request(1, priority=1, arrival=3.0))
+    out = scheduler.schedule(3.0)
+    assert [r.seq_id for r in out.requests] == [1]
+
+
+def test_waiting_queue_orders():
+    fcfs = WaitingQueue("fcfs")
+    a, b, c = request(0), request(1), request(2)
+    fcfs.push(a)
+    fcfs.push(b)
+    fcfs.push_front(c)
+    assert list(fcfs) == [c, a, b]
+    fcfs.remove(a)
+    assert list(fcfs) == [c, b] and fcfs.oldest_arrival() == 0.0
+    prio = WaitingQueue("priority")
+    x, y, z = request(0, priority=2), request(1, priority=0, arrival=5.0), request(2, priority=2)
+    for r in (x, y, z):
+        prio.push(r)
+    assert list(prio) == [y, x, z]
+    prio.remove(y)
+    assert list(prio) == [x, z] and len(prio) == 2
+
+
+# ---- memory: watermark, prefix cache, preemption --------------------------------------------
+
+
+@pytest.mark.parametrize("threshold, admitted_together", [(0.0, True), (0.5, False)])
+def test_page_reuse_threshold_keeps_blocks_in_reserve(threshold, admitted_together):
+    # 16 blocks of 4: each request's 20-token prompt takes 5 blocks, so after two only 6 of
+    # 16 blocks (37.5%) stay reusable: below a 50% watermark, the second one must wait.
+    scheduler = make(cache=paged(16), page_reuse_threshold=threshold)
+    scheduler.add_request(request(0, prompt_len=20))
+    scheduler.add_request(request(1, prompt_len=20))
+    out = scheduler.schedule(0.0)
+    assert (len(out.requests) == 2) == admitted_together
+
+
+def test_watermark_never_starves_a_request_that_fits_alone():
+    scheduler = make(cache=paged(16), page_reuse_threshold=0.9)
+    scheduler.add_request(request(0, prompt_len=20))
+    assert len(scheduler.schedule(0.0).requests) == 1
+
+
+def test_prefix_cache_hit_skips_computed_blocks():
+    scheduler = make(cache=paged(64))
+    first = request(0, prompt_len=13)
+    scheduler.add_request(first)
+    Driver(scheduler).run()
+    twin = request(1, prompt_len=13)
+    twin.prompt_token_ids[:] = first.prompt_token_ids
+    twin.__post_init__()  # token_ids from the new prompt
+    scheduler.add_request(twin)
+    out = scheduler.schedule(0.0)
+    assert twin.num_cached_tokens == 12  # three full blocks of 4
+    assert out.num_new_tokens == [1]
+    assert scheduler.num_prompt_tokens_hit == 12
+
+
+def test_recompute_preemption_takes_the_newest_and_requeues_it_first():
+    # 6 blocks of 4 tokens: two requests of 8 prompt tokens fit (4 blocks); as they grow
+    # past 12 tokens each needs a third, and only 2 are free, then none.
+    scheduler = make(cache=paged(6), max_num_seqs=4)
+    old, new = request(0, prompt_len=8, max_tokens=10), request(1, prompt_len=8, max_tokens=10)
+    scheduler.add_request(old)
+    scheduler.add_request(new)
+    driver = Driver(scheduler)
+    while not scheduler.num_preemptions:
+        driver.step()
+    out = driver.outs[-1]
+    assert out.preempted == [new] and new.status is RequestStatus.WAITING
+    assert new.num_computed_tokens == 0 and new.num_preemptions == 1
+    assert list(scheduler.waiting)[0] is new
+    assert out.requests == [old]
+    driver.run()
+    assert new.output_token_ids == [7] * 10  # it finished after all
+
+
+def test_swap_preemption_copies_blocks_out_and_back():
+    cache = paged(6)
+    swap = SwapSpace(cache, num_cpu_blocks=8)
+    scheduler = make(cache=cache, max_num_seqs=4, preemption_mode="swap", swap=swap)
+    old, new = request(0, prompt_len=8, max_tokens=10), request(1, prompt_len=8, max_tokens=10)
+    scheduler.add_request(old)
+    scheduler.add_request(new)
+    driver = Driver(scheduler)
+    driver.run()
+    assert scheduler.num_swap_outs >= 1 and scheduler.num_swap_ins == scheduler.num_swap_outs
+    assert new.output_token_ids == [7] * 10
+    assert swap.num_free_blocks == 8  # every CPU block came back
+    assert cache.num_free_blocks == 6
+
+
+def test_swap_falls_back_to_recompute_when_the_cpu_pool_is_full():
+    cache = paged(6)
+    swap = SwapSpace(cache, num_cpu_blocks=1)  # too small for any victim
+    scheduler = make(cache=cache, preemption_mode="swap", swap=swap)
+    for i in range(2):
+        scheduler.add_request(request(i, prompt_len=8, max_tokens=10))
+    Driver(scheduler).run()
+    assert scheduler.num_preemptions >= 1 and scheduler.num_swap_outs == 0
+
+
+def test_priority_preemption_takes_the_lowest_priority():
+    scheduler = make(cache=paged(6), scheduling_policy="priority")
+    important = request(0, prompt_len=8, max_tokens=10, priority=0)
+    background = request(1, prompt_len=8, max_tokens=10, priority=9)
+    scheduler.add_request(background)
+    scheduler.add_request(important)
+    driver = Driver(scheduler)
+    driver.run()
+    assert background.num_preemptions >= 1 and important.num_preemptions == 0
+
+
+def test_contiguous_cache_admits_only_what_its_reservations_fit():
+    cache = ContiguousKVCache(1, 1, 2, num_slots=40, policy="exact", device="cpu")
+    scheduler = make(cache=cache)
+    for i in range(3):
+        scheduler.add_request(request(i, prompt_len=10, max_tokens=8))  # 18 slots each
+    out = scheduler.schedule(0.0)
+    assert [r.seq_id for r in out.requests] == [0, 1]
+    driver = Driver(scheduler)
+    driver.run()
+    assert scheduler.waiting.policy == "fcfs" and not scheduler.has_unfinished()
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"policy": "fifo"}, "policy='fifo'"),
+        ({"max_num_seqs": 0}, "max_num_seqs=0"),
+        ({"max_num_batched_tokens": -5}, "max_num_batched_tokens=-5"),
+        ({"max_num_seqs": 8, "max_num_batched_tokens": 4}, "max_num_batched_tokens=4"),
+        ({"batch_timeout": -1.0}, "batch_timeout=-1.0"),
+        ({"batch_timeout": float("inf")}, "batch_timeout=inf"),
+        ({"page_reuse_threshold": 1.0}, "page_reuse_threshold=1.0"),
+        ({"page_reuse_threshold": -0.1}, "page_reuse_threshold=-0.1"),
+        ({"preemption_mode": "kill"}, "preemption_mode='kill'"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy='lifo'"),
+    ],
+)
+def test_config_errors_name_the_parameter_and_value(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        SchedulerConfig(**kwargs)
+
+
+def test_swap_mode_needs_a_swap_space():
+    with pytest.raises(ValueError, match="swap_space"):
+        Scheduler(SchedulerConfig(preemption_mode="swap"), paged())
+    with pytest.raises(ValueError, match="PagedKVCache"):
+        SwapSpace(ContiguousKVCache(1, 1, 2, num_slots=8, device="cpu"), 4)
