@@ -5,7 +5,8 @@
     check("01.kv_bytes_llama3_8b", answer)   # "Correct ..." or a hint
 
 Every answer is computed from kvlab itself (``kvlab.memory`` presets, the padding account
-of ``kvlab.naive_hf``), never typed in, so it follows the library. A wrong answer that
+of ``kvlab.naive_hf``, the allocators of ``kvlab.cache``), never typed in, so it follows the
+library. A wrong answer that
 matches a known mistake gets that mistake's hint; any other gets the exercise's general
 hint; ``None`` (the placeholder in the labs) gets a reminder to fill it in.
 
@@ -18,6 +19,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.contiguous_arena import ContiguousArena, reservation_size
 from kvlab.memory import GIB, preset
 from kvlab.naive_hf import padded_cache_slots
 
@@ -235,3 +238,216 @@ EXERCISES: dict[str, Exercise] = {
         ),
     )
 }
+
+
+# --- Lab 02 ------------------------------------------------------------------------------
+
+# Exercise 02.internal_waste: one request under policy "max_model_len".
+_WASTE_MAX_MODEL_LEN, _WASTE_PROMPT, _WASTE_OUTPUT = 512, 40, 20
+# Exercise 02.largest_request: first-fit reservations, then the 1st and 3rd finish.
+_ARENA_SLOTS, _ARENA_RANGES, _ARENA_FREED = 1000, (300, 200, 300, 100), (0, 2)
+
+
+def _internal_waste(held_tokens: int) -> float:
+    reserved = reservation_size("max_model_len", _WASTE_PROMPT, None, _WASTE_MAX_MODEL_LEN)
+    return 1 - held_tokens / reserved
+
+
+def _arena_after_frees() -> ContiguousArena:
+    arena = ContiguousArena(_ARENA_SLOTS)
+    for seq_id, num_slots in enumerate(_ARENA_RANGES):
+        arena.reserve(seq_id, num_slots)
+    for seq_id in _ARENA_FREED:
+        arena.free(seq_id)
+    return arena
+
+
+EXERCISES.update(
+    (exercise.exercise_id, exercise)
+    for exercise in (
+        Exercise(
+            exercise_id="02.pow2_reservation",
+            question=(
+                "Under the 'pow2' policy a request reserves its prompt plus its max_tokens "
+                "rounded up to a power of two. A request with a 100-token prompt and "
+                "max_tokens=100 arrives at a server with max_model_len 4096. How many token "
+                "slots does it reserve?"
+            ),
+            answer=lambda: reservation_size("pow2", 100, 100, 4096),
+            hint="prompt_len + (max_tokens rounded up to a power of two), at most max_model_len.",
+            mistakes=(
+                Mistake(
+                    lambda: 256,
+                    "only the output is rounded up; the prompt's length is known exactly.",
+                ),
+                Mistake(
+                    lambda: reservation_size("exact", 100, 100, 4096),
+                    "that is the 'exact' policy; 'pow2' rounds max_tokens up first.",
+                ),
+                Mistake(lambda: 4096, "that is the 'max_model_len' policy."),
+            ),
+            explanation="At most 2x the output is over-reserved (Orca (Pow2)).",
+        ),
+        Exercise(
+            exercise_id="02.internal_waste",
+            question=(
+                f"Under the 'max_model_len' policy (max_model_len {_WASTE_MAX_MODEL_LEN}), a "
+                f"request with a {_WASTE_PROMPT}-token prompt generates {_WASTE_OUTPUT} tokens. "
+                "Just before it frees its range, what fraction of the slots it reserved hold "
+                "none of its tokens (internal fragmentation)? (a number between 0 and 1)"
+            ),
+            answer=lambda: _internal_waste(_WASTE_PROMPT + _WASTE_OUTPUT - 1),
+            hint=(
+                "the range has max_model_len slots; the request fills prompt + output of "
+                "them (less one: its last token is never fed back)."
+            ),
+            mistakes=(
+                Mistake(
+                    lambda: 1 - _internal_waste(_WASTE_PROMPT + _WASTE_OUTPUT - 1),
+                    "that is the share that holds tokens; the question asks for the empty share.",
+                ),
+                Mistake(
+                    lambda: 100 * _internal_waste(_WASTE_PROMPT + _WASTE_OUTPUT - 1),
+                    "give a fraction between 0 and 1, not a percentage.",
+                    abs_tol=1.0,
+                ),
+            ),
+            abs_tol=0.01,
+            explanation="Close to 90% of the reservation never holds a token.",
+        ),
+        Exercise(
+            exercise_id="02.largest_request",
+            question=(
+                f"An arena of {_ARENA_SLOTS:,} slots places reservations of "
+                f"{', '.join(map(str, _ARENA_RANGES))} slots first-fit, in that order. Then "
+                "the first and the third requests finish. What is the largest reservation "
+                "(in slots) the arena can admit now?"
+            ),
+            answer=lambda: _arena_after_frees().largest_hole,
+            hint="a reservation must be one unbroken range: list the holes (start, length).",
+            mistakes=(
+                Mistake(
+                    lambda: _arena_after_frees().num_free_slots,
+                    "that many slots are free in total, but in three separate holes: one "
+                    "range cannot span them (external fragmentation).",
+                ),
+                Mistake(
+                    lambda: _ARENA_SLOTS - sum(_ARENA_RANGES),
+                    "the freed ranges become holes too; not only the tail is free.",
+                ),
+                Mistake(
+                    lambda: _arena_after_frees().external_fragmentation(),
+                    "that is the free memory outside the largest hole: what no single "
+                    "request can use.",
+                ),
+            ),
+            explanation="Most of the arena is free, yet a request one slot larger is refused.",
+        ),
+    )
+)
+
+
+# --- Lab 03 ------------------------------------------------------------------------------
+
+# Exercise 03.prefix_hit: A's prompt ran and is cached; B shares its first 70 tokens.
+_PREFIX_BLOCK_SIZE, _PROMPT_A_LEN, _SHARED_LEN, _PROMPT_B_LEN = 16, 100, 70, 120
+# Exercise 03.cow_copies: a 37-token prompt forked into 4 sequences.
+_COW_BLOCK_SIZE, _COW_PROMPT_LEN, _COW_NUM_SEQS = 16, 37, 4
+
+
+def _empty_slots(num_tokens: int, block_size: int) -> int:
+    manager = BlockManager(-(-num_tokens // block_size), block_size, False)
+    manager.allocate_slots(0, num_tokens)
+    return len(manager.block_table(0)) * block_size - num_tokens
+
+
+def _prefix_hit_tokens() -> int:
+    """Prompt tokens of B found in the prefix cache after A ran."""
+    prompt_a = list(range(_PROMPT_A_LEN))
+    prompt_b = prompt_a[:_SHARED_LEN] + list(range(1000, 1000 + _PROMPT_B_LEN - _SHARED_LEN))
+    manager = BlockManager(32, _PREFIX_BLOCK_SIZE, enable_prefix_caching=True)
+    manager.allocate_slots(0, len(prompt_a), token_ids=prompt_a)
+    manager.free(0)
+    return manager.add_sequence(1, prompt_b)
+
+
+def _cow_copies() -> int:
+    manager = BlockManager(16, _COW_BLOCK_SIZE, enable_prefix_caching=False)
+    manager.allocate_slots(0, _COW_PROMPT_LEN)
+    for child in range(1, _COW_NUM_SEQS):
+        manager.fork(0, child)
+    return sum(len(manager.allocate_slots(seq_id, 1)) for seq_id in range(_COW_NUM_SEQS))
+
+
+EXERCISES.update(
+    (exercise.exercise_id, exercise)
+    for exercise in (
+        Exercise(
+            exercise_id="03.empty_slots",
+            question=(
+                "A sequence of 1,000 tokens is stored in blocks of block_size 32. How many "
+                "slots of its blocks are empty?"
+            ),
+            answer=lambda: _empty_slots(1000, 32),
+            hint="it holds ceil(1000 / 32) blocks; count their slots, then subtract the tokens.",
+            mistakes=(
+                Mistake(
+                    lambda: 1000 % 32,
+                    "that is how many tokens the last block holds, not how many slots are empty.",
+                ),
+                Mistake(lambda: -(-1000 // 32) * 32, "that is every slot it holds."),
+                Mistake(lambda: -(-1000 // 32), "that is the number of blocks."),
+            ),
+            explanation="Only the last block can be partly empty: under block_size slots.",
+        ),
+        Exercise(
+            exercise_id="03.prefix_hit",
+            question=(
+                f"Prefix caching is on, block_size {_PREFIX_BLOCK_SIZE}. Request A's "
+                f"{_PROMPT_A_LEN}-token prompt has run, and its blocks stay cached. Request "
+                f"B's prompt has {_PROMPT_B_LEN} tokens; its first {_SHARED_LEN} equal A's, "
+                "then they differ. How many of B's prompt tokens must its prefill compute?"
+            ),
+            answer=lambda: _PROMPT_B_LEN - _prefix_hit_tokens(),
+            hint="a cached block serves a hit only if all of its tokens (and all before) match.",
+            mistakes=(
+                Mistake(
+                    lambda: _PROMPT_B_LEN - _SHARED_LEN,
+                    "only whole blocks are shared: the block in which the two prompts part "
+                    "ways differs, so it is computed again.",
+                ),
+                Mistake(
+                    lambda: _prefix_hit_tokens(),
+                    "that is how many tokens B reuses; the question asks how many it computes.",
+                ),
+                Mistake(lambda: _PROMPT_B_LEN, "B's first full blocks equal A's: it adopts them."),
+            ),
+            explanation="B adopts the whole blocks that match, and computes the rest.",
+        ),
+        Exercise(
+            exercise_id="03.cow_copies",
+            question=(
+                f"A {_COW_PROMPT_LEN}-token prompt sits in blocks of {_COW_BLOCK_SIZE} (the "
+                f"last holds {_COW_PROMPT_LEN % _COW_BLOCK_SIZE} tokens). Parallel sampling "
+                f"forks it into {_COW_NUM_SEQS} sequences that share every block. Then each of "
+                "them, one after the other, writes its first new token. How many blocks get "
+                "copied (copy-on-write)?"
+            ),
+            answer=_cow_copies,
+            hint="a sequence copies a block only if it writes into it while someone else holds it.",
+            mistakes=(
+                Mistake(
+                    lambda: _COW_NUM_SEQS,
+                    "by the time the last sequence writes, everyone else has copied away: it "
+                    "holds the block alone (ref_cnt 1) and writes in place.",
+                ),
+                Mistake(
+                    lambda: (_COW_NUM_SEQS - 1) * -(-_COW_PROMPT_LEN // _COW_BLOCK_SIZE),
+                    "the full blocks are never written again: they stay shared.",
+                ),
+                Mistake(lambda: 0, "a shared block is never written in place."),
+            ),
+            explanation="Only the partly filled last block is copied, once per extra holder.",
+        ),
+    )
+)

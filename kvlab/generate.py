@@ -59,8 +59,11 @@ def greedy_generate(
                 on_step(step, cache)
             step += 1
     finally:
+        # On an error (a full cache, say) free what the unfinished sequences hold; a
+        # sequence refused at its first allocation holds nothing.
         for i in active:
-            cache.free(seq_ids[i])
+            if _holds(cache, seq_ids[i]):
+                cache.free(seq_ids[i])
     return outputs
 
 

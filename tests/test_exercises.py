@@ -17,6 +17,18 @@ HAND_ANSWERS = {
     "01.padding_waste": 1 - (61 + 45 + 44) / (3 * 89),
     # (80 GiB - 6,738,415,616 x 2 B of weights) // (4096 x 0.5 MiB)
     "01.requests_on_a100": (80 * 2**30 - 6_738_415_616 * 2) // (4096 * 2**19),
+    # 100 prompt + 100 output rounded up to 128
+    "02.pow2_reservation": 100 + 128,
+    # 40 + 20 - 1 tokens in a 512-slot range
+    "02.internal_waste": 1 - (40 + 20 - 1) / 512,
+    # holes of 300 (0..299), 300 (500..799) and 100 (900..999)
+    "02.largest_request": 300,
+    # 32 blocks of 32 slots for 1,000 tokens
+    "03.empty_slots": 32 * 32 - 1000,
+    # 4 full blocks of 16 match (tokens 0..63); tokens 64..119 are computed
+    "03.prefix_hit": 120 - 64,
+    # the shared last block is copied by the first 3 writers; the 4th holds it alone
+    "03.cow_copies": 3,
 }
 
 

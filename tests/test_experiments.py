@@ -1,0 +1,212 @@
+"""The allocator labs' measurements: serving with refusals, fragmentation, concurrency, block sizes.
+
+Token-level correctness of ``serve`` against transformers is in ``test_cache_equivalence``;
+here the oracles are hand counts on small pools.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import random_prompts
+
+from kvlab.cache import CacheFullError, ContiguousKVCache, NaiveKVCache, PagedKVCache
+from kvlab.experiments import (
+    Fragmentation,
+    block_size_tradeoff,
+    fragmentation,
+    max_concurrency,
+    serve,
+)
+from kvlab.runner import ModelRunner
+
+SHAPE = (2, 2, 4)  # num_layers, num_kv_heads, head_dim of the bookkeeping-only caches
+
+
+def contiguous(num_slots: int, policy: str = "exact", max_model_len: int | None = None):
+    return ContiguousKVCache(*SHAPE, num_slots, policy, max_model_len, device="cpu")
+
+
+def paged(num_blocks: int, block_size: int = 4, prefix_caching: bool = False):
+    return PagedKVCache(
+        *SHAPE, num_blocks, block_size, device="cpu", enable_prefix_caching=prefix_caching
+    )
+
+
+# ---- fragmentation --------------------------------------------------------------------------
+
+
+def test_contiguous_fragmentation_counts_every_slot():
+    cache = contiguous(100)
+    for seq_id, (prompt_len, max_tokens) in enumerate([(10, 20), (5, 15), (10, 10), (8, 2)]):
+        cache.add_request(seq_id, range(prompt_len), max_tokens)
+        cache.allocate_slots(seq_id, prompt_len)
+    cache.free(0)  # a 30-slot hole at the front; ranges 30..49, 50..69, 70..79; tail 80..99
+    frag = fragmentation(cache, request_size=25)
+    assert (frag.capacity, frag.used, frag.internal) == (100, 23, 27)
+    assert frag.reserved == 50
+    assert frag.external == 20  # the 20-slot tail is too short for 25 slots; the hole is not
+    assert frag.free == 30
+    assert fragmentation(cache).external == 20  # no size: all free slots but the largest hole
+    assert frag.bytes_per_slot == cache.bytes_per_slot
+    assert "100 slots: used 23 (23.0%), internal 27 (27.0%)" in str(frag)
+
+
+def test_paged_fragmentation_is_the_empty_tails_only():
+    cache = paged(10, block_size=4)
+    cache.allocate_slots(0, 5)  # 2 blocks, 3 empty slots
+    cache.allocate_slots(1, 8)  # 2 full blocks
+    cache.fork(1, 2)  # shares both: counted once
+    frag = fragmentation(cache, request_size=1000)
+    assert (frag.used, frag.internal, frag.external, frag.free) == (13, 3, 0, 24)
+    assert frag.wasted == 3
+
+
+def test_fragmentation_shares_add_up():
+    frag = Fragmentation(capacity=200, used=50, internal=30, external=20, bytes_per_slot=8)
+    parts = (frag.used, frag.internal, frag.external, frag.free)
+    assert sum(frag.share(p) for p in parts) == pytest.approx(1.0)
+
+
+# ---- max concurrency ------------------------------------------------------------------------
+
+
+def test_max_model_len_concurrency_is_capacity_over_max_model_len():
+    result = max_concurrency(lambda: contiguous(1000, "max_model_len", 128), [20, 7], [5, 30])
+    assert result.num_seqs == 1000 // 128
+    assert "needs 128 contiguous slots" in result.refusal
+
+
+def test_exact_concurrency_counts_whole_reservations():
+    # prompt + output: 30 and 20 slots, alternating: 30+20+30 = 80 fit in 90, 100 do not.
+    result = max_concurrency(lambda: contiguous(90, "exact"), [10, 5], [20, 15])
+    assert result.num_seqs == 3
+    # Declared max_tokens size the reservation, whatever the real output.
+    declared = max_concurrency(lambda: contiguous(90, "exact"), [10], [5], max_tokens=[35])
+    assert declared.num_seqs == 2
+
+
+def test_paged_concurrency_counts_blocks_at_the_peak():
+    # 10 prompt + 7 output tokens: the cache ends with 16 tokens = 4 blocks of 4.
+    assert max_concurrency(lambda: paged(20), [10], [7]).num_seqs == 5
+    # Short requests finish early and give their blocks to the long ones.
+    # Short and long alternate: 6 short + 5 long hold 11 blocks at step 0, and the 5 long
+    # ones 20 at the end; a 6th long one would need 24.
+    staggered = max_concurrency(lambda: paged(20), [4, 4], [1, 13])
+    assert staggered.num_seqs == 11
+    assert "free blocks" in staggered.refusal
+
+
+def test_paged_concurrency_ignores_the_prefix_cache():
+    """Copies of a workload are different requests: they never share prefix blocks."""
+    plain = max_concurrency(lambda: paged(20), [12], [3])
+    cached = max_concurrency(lambda: paged(20, prefix_caching=True), [12], [3])
+    assert plain == cached
+
+
+def test_unbounded_cache_stops_at_the_limit():
+    result = max_concurrency(lambda: NaiveKVCache(*SHAPE), [3], [3], limit=50)
+    assert result.num_seqs == 50 and result.refusal == ""
+
+
+def test_max_concurrency_checks_its_workload():
+    with pytest.raises(ValueError, match="same"):
+        max_concurrency(lambda: paged(4), [1, 2], [1])
+    with pytest.raises(ValueError, match="at least one"):
+        max_concurrency(lambda: paged(4), [0], [1])
+
+
+# ---- block-size trade-off -------------------------------------------------------------------
+
+
+def test_block_size_tradeoff_counts_tails_and_table_entries():
+    costs = {c.block_size: c for c in block_size_tradeoff([5, 16, 17], block_sizes=(1, 4, 16))}
+    assert costs[1].waste == 0 and costs[1].table_entries == 38
+    assert (costs[4].table_entries, costs[4].num_slots) == (2 + 4 + 5, 44)
+    assert (costs[16].table_entries, costs[16].num_slots) == (1 + 1 + 2, 64)
+    assert costs[16].waste == pytest.approx(1 - 38 / 64)
+
+
+# ---- serve ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runner(tiny):
+    return ModelRunner(tiny)
+
+
+def test_serve_refuses_and_records_the_reason(runner):
+    cache = ContiguousKVCache(2, 2, 16, 60, "exact", device="cpu")
+    prompts = random_prompts(256, [10, 30, 12])
+    # Reservations of 18 and 38 slots leave 4; request 2 needs 20 when it arrives.
+    result = serve(runner, cache, prompts, 8, arrival_steps=[0, 0, 2])
+    assert result.refused == {
+        2: "seq 2 needs 20 contiguous slots; 4 of 60 are free but the largest hole has 4"
+    }
+    assert result.outputs[2] is None
+    assert [len(result.outputs[i]) for i in (0, 1)] == [8, 8]
+    assert result.num_steps == 8
+
+
+def test_serve_calls_on_step_before_freeing(runner):
+    cache = PagedKVCache(2, 2, 16, 16, 4, device="cpu")
+    seen = []
+    serve(
+        runner,
+        cache,
+        random_prompts(256, [6]),
+        3,
+        on_step=lambda s, c: seen.append((s, c.num_tokens(0))),
+    )
+    assert seen == [(0, 6), (1, 7), (2, 8)]
+    assert cache.num_free_blocks == 16
+
+
+def test_serve_waits_for_a_late_arrival(runner):
+    cache = PagedKVCache(2, 2, 16, 16, 4, device="cpu")
+    result = serve(runner, cache, random_prompts(256, [5, 5]), 2, arrival_steps=[0, 7])
+    assert result.num_steps == 4 and not result.refused
+
+
+def test_serve_adopts_cached_prefix_blocks(runner):
+    cache = PagedKVCache(2, 2, 16, 32, 4, device="cpu", enable_prefix_caching=True)
+    prompt = random_prompts(256, [11])[0]
+    result = serve(runner, cache, [prompt, prompt + [7]], 4, arrival_steps=[0, 10])
+    assert result.num_cached_tokens == [0, 8]  # two full blocks of 4; the rest is computed
+    assert len(result.outputs[1]) == 4
+
+
+def test_serve_raises_when_a_running_request_cannot_grow(runner):
+    cache = PagedKVCache(2, 2, 16, 2, 4, device="cpu")
+    with pytest.raises(CacheFullError, match="free blocks"):
+        serve(runner, cache, random_prompts(256, [7]), 6)
+    assert cache.num_free_blocks == 2  # everything given back
+
+
+def test_serve_checks_its_arguments(runner):
+    cache = NaiveKVCache(2, 2, 16)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        serve(runner, cache, [[1]], 0)
+    with pytest.raises(ValueError, match="non-empty"):
+        serve(runner, cache, [[]], 2)
+    with pytest.raises(ValueError, match="one entry per prompt"):
+        serve(runner, cache, [[1]], 2, arrival_steps=[0, 1])
+
+
+def test_serve_uses_the_given_seq_ids(runner):
+    cache = PagedKVCache(2, 2, 16, 32, 4, device="cpu", enable_prefix_caching=True)
+    prompt = random_prompts(256, [9])[0]
+    cache.allocate_slots(0, 5)  # someone else's sequence 0 stays untouched
+    seen = []
+    result = serve(
+        runner,
+        cache,
+        [prompt, prompt],
+        3,
+        arrival_steps=[0, 5],
+        seq_ids=[7, 3],
+        on_step=lambda step, c: seen.append(sorted(c.manager.seq_ids())),
+    )
+    assert seen == [[0, 7]] * 3 + [[0, 3]] * 3
+    assert result.outputs[0] == result.outputs[1] and result.num_cached_tokens == [0, 8]
+    with pytest.raises(ValueError, match="distinct"):
+        serve(runner, cache, [prompt, prompt], 3, seq_ids=[1, 1])
