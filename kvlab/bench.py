@@ -319,7 +319,7 @@ def scheduler_overhead(num_seqs: int, num_steps: int = 32, block_size: int = 16)
     and builds the step's block table and slot mapping. Reported parts:
 
         scheduler     ``Scheduler.schedule``'s own work (the allocator call stubbed out)
-        allocator     ``PagedKVCache.allocate_slots`` for every sequence (block manager)
+        allocator     ``PagedKVCache.allocate_decode`` for the step (block manager)
         update        the engine's bookkeeping: computed tokens, the new token, the batch
         block_table   ``PagedKVCache.begin_step``: block tables and slot mapping tensors
     """
@@ -348,6 +348,7 @@ def _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator: bool) -
     _fake_step(scheduler.schedule(0.0))  # admission and prefill, not timed
     if stub_allocator:
         cache.allocate_slots = lambda seq_id, num_new_tokens, token_ids=None: None
+        cache.allocate_decode = lambda seq_ids, token_ids=None: len(seq_ids)
     times = {"schedule": 0.0, "update": 0.0, "block_table": 0.0}
     for step in range(num_steps):
         t0 = time.perf_counter()

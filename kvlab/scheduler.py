@@ -194,6 +194,8 @@ class Scheduler:
         self.num_seats = 0  # running sequences, plus the seats reserved for forks
         self._batch: set[int] = set()  # static/dynamic: seq_ids of the batch in progress
         self._continuous = config.policy == "continuous"
+        # A paged cache allocates a whole decode step in one call (allocate_decode).
+        self._decode_batches = isinstance(cache, PagedKVCache)
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -285,12 +287,19 @@ class Scheduler:
         allocate = self.cache.allocate_slots
         requests, nums = out.requests, out.num_new_tokens
         running = RequestStatus.RUNNING
-        for request in list(self.running):
+        todo = list(self.running)
+        index = 0
+        while index < len(todo):
+            request = todo[index]
+            index += 1
             if request.status is not running:
                 continue  # preempted earlier in this loop
             start = request.num_computed_tokens
             token_ids = request.token_ids
             num_new = len(token_ids) - start
+            if num_new == 1 and self._decode_batches and budget >= 1:
+                index, budget = self._schedule_decodes(out, todo, index - 1, budget)
+                continue
             if num_new > budget:
                 num_new = int(budget)
                 if num_new == 0:
@@ -304,6 +313,45 @@ class Scheduler:
             nums.append(num_new)
             budget -= num_new
         return budget
+
+    def _schedule_decodes(
+        self, out: SchedulerOutput, todo: list[Request], first: int, budget: float
+    ) -> tuple[int, float]:
+        """Allocate the run of decoding requests ``todo[first:]`` in one ``allocate_decode``.
+
+        The same as scheduling them one by one: a request that finds no block preempts
+        (``_preempt_until_fits``) exactly where the one-by-one loop would.
+
+        Returns:
+            the index in ``todo`` to go on from, and the budget left.
+        """
+        running = RequestStatus.RUNNING
+        batch: list[Request] = []
+        seq_ids, token_ids, where = [], [], []  # where: each one's index in todo
+        index = first
+        while index < len(todo) and len(batch) < budget:
+            request = todo[index]
+            ids = request.token_ids
+            start = request.num_computed_tokens
+            if request.status is running:
+                if len(ids) - start != 1:
+                    break
+                batch.append(request)
+                seq_ids.append(request.seq_id)
+                token_ids.append(ids[start])
+                where.append(index)
+            index += 1
+        num_allocated = self.cache.allocate_decode(seq_ids, token_ids)
+        out.requests.extend(batch[:num_allocated])
+        out.num_new_tokens.extend([1] * num_allocated)
+        budget -= num_allocated
+        if num_allocated == len(batch):
+            return index, budget
+        stuck = batch[num_allocated]
+        if self._preempt_until_fits(stuck, 1, out):
+            out._add(stuck, 1)
+            budget -= 1
+        return where[num_allocated] + 1, budget
 
     def _preempt_until_fits(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
         """Free blocks until ``request``'s next tokens fit; False if it was preempted itself."""

@@ -45,6 +45,11 @@ class LabServer:
 
     def __init__(self, workdir: Path):
         shutil.copytree(REPO / "labs", workdir, dirs_exist_ok=True)
+        # NOTE: JupyterLab 4 renders only the cells in view ("windowing"); a widget far down
+        # a notebook would then have no element to look at. Turn windowing off.
+        settings = workdir / ".settings" / "@jupyterlab" / "notebook-extension"
+        settings.mkdir(parents=True)
+        (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (workdir / "jupyterlab.log").open("w")
@@ -56,6 +61,7 @@ class LabServer:
                 "--LabApp.expose_app_in_browser=True",
             ],
             cwd=workdir, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(workdir / ".settings")},
         )  # fmt: skip
         self._wait_until_up(timeout=120)
 

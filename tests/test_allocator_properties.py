@@ -10,10 +10,16 @@ After every rule: every sequence reads back exactly its own K/V, no block is lea
 double-freed, each ``ref_cnt`` equals the number of block tables that hold the block, and
 contiguous ranges never overlap. A refused request must leave the bookkeeping and the
 tensors exactly as they were.
+
+The paged cache has two fast paths, each checked against its slow one: ``allocate_decode``
+must leave the block manager exactly as ``allocate_slots`` one sequence at a time would,
+and the incremental block table ``begin_step`` gathers must equal the block manager's
+lists (same padded block tables, same slot mappings).
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import random
 
@@ -24,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvlab.cache import (
     POLICIES,
+    BlockManager,
     CacheFullError,
     ContiguousKVCache,
     ForwardBatch,
@@ -227,6 +234,65 @@ class PagedMachine(AllocatorMachine):
     def would_fit(self, seq_id, num_new):
         return self.cache.manager.num_blocks_needed(seq_id, num_new) <= self.cache.num_free_blocks
 
+    @precondition(lambda self: self.seqs)
+    @rule(
+        data=st.data(),
+        num_steps=st.integers(1, 4),
+        with_token_ids=st.sampled_from([True, True, True, False]),
+    )
+    def decode(self, data, num_steps, with_token_ids):
+        """Decode steps through ``allocate_decode``, against ``allocate_slots`` one by one."""
+        candidates = sorted(s for s, seq in self.seqs.items() if seq.prefix_hashes)
+        if not candidates:
+            return
+        seq_ids = data.draw(st.lists(st.sampled_from(candidates), min_size=1, unique=True))
+        for _ in range(num_steps):
+            if not self.decode_step(seq_ids, with_token_ids):
+                return
+
+    def decode_step(self, seq_ids: list[int], with_token_ids: bool) -> bool:
+        """One ``allocate_decode`` call; True if every sequence got its slot."""
+        token_ids = [next(self.fresh_tokens) for _ in seq_ids]
+        oracle = copy.deepcopy(self.cache.manager)
+        expected = 0
+        for seq_id, token_id in zip(seq_ids, token_ids, strict=True):
+            try:
+                oracle.allocate_slots(seq_id, 1, [token_id] if with_token_ids else None)
+            except CacheFullError:
+                break
+            expected += 1
+        num_allocated = self.cache.allocate_decode(seq_ids, token_ids if with_token_ids else None)
+        assert num_allocated == expected
+        assert manager_state(self.cache.manager) == manager_state(oracle)
+        if num_allocated:
+            pairs = list(zip(seq_ids, token_ids, strict=True))[:num_allocated]
+            self.write_step({seq_id: [token_id] for seq_id, token_id in pairs})
+        return num_allocated == len(seq_ids)
+
+    @invariant()
+    def block_table_rows_match_the_manager(self):
+        """``begin_step``'s gathered block table and slot mapping equal the slow path's."""
+        if not hasattr(self, "cache"):
+            return
+        manager = self.cache.manager
+        seq_ids = [s for s in manager.seq_ids() if manager.num_tokens(s)]
+        if not seq_ids:
+            return
+        held = [manager.num_tokens(s) for s in seq_ids]
+        # Every held token as a new one, so the slot mapping covers every position.
+        batch = ForwardBatch.build(seq_ids, [0] * len(seq_ids), held)
+        meta = self.cache.metadata(batch)
+        tables = [manager.block_table(s) for s in seq_ids]
+        width = max(map(len, tables))
+        assert meta.block_table.tolist() == [t + [0] * (width - len(t)) for t in tables]
+        slots = [
+            slot
+            for s, n in zip(seq_ids, held, strict=True)
+            for slot in manager.slot_mapping(s, 0, n)
+        ]
+        assert meta.slot_mapping.tolist() == slots
+        assert meta.seq_lens.tolist() == held
+
     def snapshot(self):
         manager = self.cache.manager
         pool = manager.pool
@@ -251,6 +317,21 @@ class PagedMachine(AllocatorMachine):
         for seq_id in self.seqs:
             table = self.cache.block_table(seq_id)
             assert len(table) == -(-self.cache.num_tokens(seq_id) // self.cache.block_size)
+
+
+def manager_state(manager: BlockManager):
+    """Everything a block manager knows, comparable with ``==``."""
+    pool = manager.pool
+    seqs = {
+        s: (
+            manager.block_table(s),
+            manager.num_tokens(s),
+            manager._seqs[s].token_ids,
+            manager._seqs[s].block_hashes,
+        )
+        for s in manager.seq_ids()
+    }
+    return list(pool.ref_cnt), list(pool.block_hash), pool.free_block_ids(), seqs
 
 
 class ContiguousMachine(AllocatorMachine):

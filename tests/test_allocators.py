@@ -474,3 +474,66 @@ def test_without_token_ids_no_block_is_cached():
 def test_token_ids_must_match_num_new_tokens():
     with pytest.raises(ValueError, match="token_ids has 1 ids"):
         BlockManager(4, 2).allocate_slots(0, 2, token_ids=[1])
+
+
+# ---- the fast paths: allocate_decode and the incremental block table -----------------------
+
+
+def test_allocate_decode_hashes_the_block_it_fills():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    manager.allocate_slots(0, 1, token_ids=[1])
+    result = manager.allocate_decode([0], [2])  # fills block 0 in place: no new block
+    assert (result.num_allocated, result.changed, result.copies) == (1, [], [])
+    assert manager.lookup_prefix([1, 2, 3]) == manager.block_table(0) == [0]
+    result = manager.allocate_decode([0], [3])  # block 0 is full: a new block
+    assert result.changed == [(0, 1, 1)] and manager.block_table(0) == [0, 1]
+
+
+def test_allocate_decode_copies_a_shared_last_block():
+    cache = make_cache("paged")
+    driver = Driver(cache)
+    driver.add(0, prompt_len=6)  # blocks 0 (full) and 1 (2 of 4 filled)
+    driver.fork(0, 1)
+    assert cache.allocate_decode([0, 1], [7, 8]) == 2
+    assert cache.block_table(0) == [0, 2]  # seq 0 copied the shared block 1
+    assert cache.block_table(1) == [0, 1]  # then block 1 was seq 1's alone
+    batch = ForwardBatch.build([0, 1], [6, 6], [1, 1])
+    assert cache.metadata(batch).slot_mapping.tolist() == [2 * 4 + 2, 1 * 4 + 2]
+    driver.keys[0] = [k[:6] for k in driver.keys[0]]  # the prompt's K/V were copied too
+    driver.values[0] = [v[:6] for v in driver.values[0]]
+    batch = read_only_batch([0], [6])
+    for layer in range(NUM_LAYERS):
+        key, value = cache.read(layer, batch, 0)
+        assert torch.equal(key, driver.keys[0][layer])
+
+
+def test_allocate_decode_stops_at_the_first_sequence_that_does_not_fit():
+    cache = make_cache("paged", capacity=3 * BLOCK_SIZE)
+    for seq_id in range(3):
+        cache.add_request(seq_id, [1, 2, 3, 4])
+        cache.allocate_slots(seq_id, 4, [seq_id] * 4)  # every block full
+    before = snapshot(cache)
+    assert cache.allocate_decode([2, 0, 1], [5, 6, 7]) == 0
+    assert_same(before, snapshot(cache))
+    cache.free(1)
+    assert cache.allocate_decode([2, 0, 1], [5, 6, 7]) == 1  # seq 2 took the free block
+    assert [cache.num_tokens(s) for s in (0, 2)] == [4, 5]
+
+
+def test_block_table_rows_grow_and_are_reused():
+    cache = PagedKVCache(1, 1, 1, num_blocks=400, block_size=1, device="cpu")
+    for seq_id in range(100):  # more sequences than the first rows
+        cache.allocate_slots(seq_id, 3)
+    cache.allocate_slots(7, 20)  # wider than the first width
+    for seq_id in range(0, 100, 2):
+        cache.free(seq_id)
+    for seq_id in range(100, 150):  # reuse the freed rows
+        cache.allocate_slots(seq_id, 2)
+    seq_ids = list(range(1, 100, 2)) + list(range(100, 150))
+    held = [cache.num_tokens(s) for s in seq_ids]
+    meta = cache.metadata(ForwardBatch.build(seq_ids, [0] * len(seq_ids), held))
+    width = max(held)
+    tables = [cache.block_table(s) + [0] * (width - len(cache.block_table(s))) for s in seq_ids]
+    assert meta.block_table.tolist() == tables
+    slots = [slot for s, n in zip(seq_ids, held, strict=True) for slot in cache.block_table(s)[:n]]
+    assert meta.slot_mapping.tolist() == slots

@@ -24,6 +24,7 @@ windows, and prefix hits on partial blocks (only full blocks are hashed).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from kvlab.cache.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 MAX_BLOCK_SIZE = 256
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceBlocks:
     """What the manager keeps per sequence.
 
@@ -49,6 +50,24 @@ class SequenceBlocks:
     num_tokens: int = 0
     token_ids: list[int] | None = None
     block_hashes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DecodeAllocation:
+    """What ``BlockManager.allocate_decode`` did.
+
+    Attributes:
+        num_allocated: the leading sequences that got their slot (all, unless the pool ran
+            out: then the next one did not fit, and it and the rest are unchanged).
+        changed: ``(seq_id, logical_index, block_id)`` for each block table entry that
+            changed. One token changes at most one entry, the last: a new block, or the
+            private copy of a shared one.
+        copies: ``(src, dst)`` blocks to copy before writing, as from ``allocate_slots``.
+    """
+
+    num_allocated: int
+    changed: list[tuple[int, int, int]]
+    copies: list[tuple[int, int]]
 
 
 class BlockManager:
@@ -193,6 +212,53 @@ class BlockManager:
         self._seqs[seq_id] = seq
         self._record_token_ids(seq, token_ids)
         return copies
+
+    def allocate_decode(
+        self, seq_ids: Sequence[int], token_ids: Sequence[int] | None = None
+    ) -> DecodeAllocation:
+        """Make room for one more token of each sequence, in order (a decode step).
+
+        The same as ``allocate_slots(seq_id, 1, [token_id])`` for each sequence, but most
+        sequences only bump ``num_tokens``: their next token still fits in their own last
+        block. Only a sequence whose last block is full, or shared (copy-on-write), takes
+        the ``allocate_slots`` path.
+
+        Args:
+            seq_ids: the sequences, each registered already.
+            token_ids: the new token of each, or None (ends every one's hash chain).
+
+        Returns:
+            how many sequences (a prefix of ``seq_ids``) got their slot, which of them
+            changed their block table, and the ``(src, dst)`` blocks to copy. It stops at
+            the first sequence that does not fit, which (like the rest) is left unchanged.
+        """
+        if token_ids is not None and len(token_ids) != len(seq_ids):
+            raise ValueError(f"token_ids has {len(token_ids)} ids for {len(seq_ids)} seq_ids")
+        seqs, ref_cnt, size = self._seqs, self.pool.ref_cnt, self.block_size
+        changed: list[tuple[int, int, int]] = []
+        copies: list[tuple[int, int]] = []
+        ids = token_ids if token_ids is not None else itertools.repeat(None)
+        for index, (seq_id, token_id) in enumerate(zip(seq_ids, ids, strict=False)):
+            seq = seqs.get(seq_id)
+            # NOTE: the hot path, taken block_size - 1 times out of block_size: the last
+            # block has room and nobody else holds it, so no block table changes.
+            if seq is not None and seq.num_tokens % size and ref_cnt[seq.block_table[-1]] == 1:
+                seq.num_tokens += 1
+                known = seq.token_ids
+                if known is None:
+                    continue
+                if token_id is not None and seq.num_tokens % size:
+                    known.append(token_id)  # the block is not full yet: nothing to hash
+                else:
+                    self._record_token_ids(seq, None if token_id is None else (token_id,))
+                continue
+            try:
+                copies += self.allocate_slots(seq_id, 1, None if token_id is None else (token_id,))
+            except CacheFullError:
+                return DecodeAllocation(index, changed, copies)
+            table = seqs[seq_id].block_table
+            changed.append((seq_id, len(table) - 1, table[-1]))
+        return DecodeAllocation(len(seq_ids), changed, copies)
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Start ``child_seq_id`` as a copy of its parent that shares every block."""

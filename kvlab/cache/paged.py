@@ -27,6 +27,15 @@ Three features on top of plain paging:
   findable after its sequence is freed, until evicted. A call without ``token_ids``
   ends the hash chain of that sequence (its later blocks are never cached).
 
+Two things keep a step's CPU cost low with thousands of running sequences:
+
+* ``allocate_decode(seq_ids, token_ids)`` gives every sequence of a decode step its one
+  new slot in one call; only a sequence whose last block is full (or shared) touches the
+  block manager's free queue, the others just count one more token.
+* every sequence's block table is also one row of a persistent int32 array, rewritten
+  only where a sequence gains or copies a block; ``begin_step`` gathers the batch's rows
+  and computes ``slot_mapping`` with array ops, with no Python loop over tokens.
+
 Not handled: swapping blocks to CPU memory, partial-block prefix hits, sliding windows.
 """
 
@@ -35,10 +44,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvlab.cache.base import BlockInfo, CacheUsage, ForwardBatch, KVCache
-from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.block_manager import BlockManager, DecodeAllocation
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
 
@@ -99,6 +109,7 @@ class PagedKVCache(KVCache):
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
         ]
+        self._tables = BlockTableRows(block_size)
         self._step_batch: ForwardBatch | None = None
         self._metadata: PagedMetadata | None = None
 
@@ -142,7 +153,10 @@ class PagedKVCache(KVCache):
             num_computed_tokens: prompt tokens already in the cache (a multiple of
             ``block_size``, below the prompt length); allocate only the rest.
         """
-        return self.manager.add_sequence(seq_id, _int_list(prompt_token_ids))
+        num_computed = self.manager.add_sequence(seq_id, _int_list(prompt_token_ids))
+        self._tables.write(seq_id, self.manager.block_table(seq_id), 0)
+        self._tables.set_num_tokens(seq_id, num_computed)
+        return num_computed
 
     def allocate_slots(
         self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
@@ -156,17 +170,44 @@ class PagedKVCache(KVCache):
             CacheFullError: not enough free blocks; nothing changes.
         """
         ids = None if token_ids is None else _int_list(token_ids)
-        for src, dst in self.manager.allocate_slots(seq_id, num_new_tokens, ids):
-            for kv in self.kv_caches:
-                kv[:, dst] = kv[:, src]
+        self._copy_blocks(self.manager.allocate_slots(seq_id, num_new_tokens, ids))
+        self._sync_row(seq_id)
+        self._tables.set_num_tokens(seq_id, self.manager.num_tokens(seq_id))
         self._step_batch = None  # block tables changed
+
+    def allocate_decode(
+        self, seq_ids: Sequence[int], token_ids: Sequence[int] | None = None
+    ) -> int:
+        """Make room for one new token of each sequence (a decode step), in order.
+
+        The same as ``allocate_slots(seq_id, 1, token_ids=[token_id])`` for each, in one
+        call: only sequences whose last block is full or shared touch the free queue.
+
+        Args:
+            seq_ids: the sequences.
+            token_ids: the new token of each, so the blocks they complete get a block_hash.
+
+        Returns:
+            num_allocated: how many leading sequences got their slot; ``len(seq_ids)``
+            unless the pool ran out, and then ``seq_ids[num_allocated]`` and the ones after
+            it are unchanged (the caller preempts, then retries them).
+        """
+        ids = None if token_ids is None else _int_list(token_ids)
+        result: DecodeAllocation = self.manager.allocate_decode(seq_ids, ids)
+        self._copy_blocks(result.copies)
+        self._tables.set_entries(result.changed)
+        self._tables.add_tokens(seq_ids[: result.num_allocated])
+        self._step_batch = None
+        return result.num_allocated
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Start ``child_seq_id`` sharing all of its parent's blocks (no copy, no new block)."""
         self.manager.fork(parent_seq_id, child_seq_id)
+        self._tables.copy(parent_seq_id, child_seq_id)
 
     def free(self, seq_id: int) -> None:
         self.manager.free(seq_id)
+        self._tables.release(seq_id)
         self._step_batch = None
 
     def num_tokens(self, seq_id: int) -> int:
@@ -176,29 +217,31 @@ class PagedKVCache(KVCache):
 
     def begin_step(self, batch: ForwardBatch) -> None:
         """Build this step's ``PagedMetadata`` (block tables and slot mapping) once."""
-        seq_lens = batch.seq_lens.tolist()
-        tables = []
-        for seq_id, seq_len in zip(batch.seq_ids, seq_lens, strict=True):
-            if seq_len > self.manager.num_tokens(seq_id):
-                raise ValueError(
-                    f"seq {seq_id} runs with seq_len {seq_len} but holds "
-                    f"{self.manager.num_tokens(seq_id)} slots: call allocate_slots first"
-                )
-            tables.append(self.manager.block_table(seq_id)[: -(-seq_len // self.block_size)])
-        max_blocks = max(len(t) for t in tables)
-        block_table = torch.tensor(
-            [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32
-        )  # (num_seqs, max_blocks)
-        rows = torch.repeat_interleave(
-            torch.arange(batch.num_seqs), batch.query_start_loc.diff().cpu()
-        )  # (num_tokens,) the sequence of each new token
-        positions = batch.positions.cpu()
-        blocks = block_table[rows, positions // self.block_size].long()
+        seq_lens = batch.seq_lens.cpu().numpy()  # (num_seqs,)
+        rows = self._tables.rows(batch.seq_ids)  # (num_seqs,) each sequence's table row
+        held = self._tables.num_tokens[rows]
+        short = np.flatnonzero(seq_lens > held)
+        if short.size:
+            i = short[0]
+            raise ValueError(
+                f"seq {batch.seq_ids[i]} runs with seq_len {seq_lens[i]} but holds "
+                f"{held[i]} slots: call allocate_slots first"
+            )
+        block_table = self._tables.gather(rows, -(-seq_lens // self.block_size))
+        # The sequence (row of block_table) of each new token: (num_tokens,)
+        if len(batch.positions) == batch.num_seqs:
+            token_rows = np.arange(batch.num_seqs)  # a decode step: one token each
+        else:
+            token_rows = np.repeat(
+                np.arange(batch.num_seqs), np.diff(batch.query_start_loc.cpu().numpy())
+            )
+        positions = batch.positions.cpu().numpy()
+        blocks = block_table[token_rows, positions // self.block_size].astype(np.int64)
         slot_mapping = blocks * self.block_size + positions % self.block_size
         self._metadata = PagedMetadata(
-            block_table=block_table.to(self.device),
-            slot_mapping=slot_mapping.to(self.device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            block_table=torch.from_numpy(block_table).to(self.device),
+            slot_mapping=torch.from_numpy(slot_mapping).to(self.device),
+            seq_lens=torch.from_numpy(seq_lens).to(self.device, torch.int32),
         )
         self._step_batch = batch
 
@@ -228,6 +271,25 @@ class PagedKVCache(KVCache):
         keys = kv[0, blocks].flatten(0, 1)[:seq_len]  # (seq_len, num_kv_heads, head_dim)
         values = kv[1, blocks].flatten(0, 1)[:seq_len]
         return keys, values
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: give each ``dst`` block the K/V of its ``src`` block."""
+        if not copies:
+            return
+        src, dst = (torch.tensor(ids, device=self.device) for ids in zip(*copies, strict=True))
+        for kv in self.kv_caches:
+            kv[:, dst] = kv[:, src]
+
+    def _sync_row(self, seq_id: int) -> None:
+        """Copy the blocks ``seq_id`` just gained (or copied) into its block table row.
+
+        Call it after the manager allocated and before the row's ``num_tokens`` is
+        updated: the blocks from the one holding its last old token on may have changed
+        (that one, by copy-on-write).
+        """
+        num_old = self._tables.num_tokens_of(seq_id)
+        first = max(num_old - 1, 0) // self.block_size
+        self._tables.write(seq_id, self.manager.block_table(seq_id), first)
 
     # ---- reports ---------------------------------------------------------------------
 
@@ -273,8 +335,98 @@ class PagedKVCache(KVCache):
         return filled
 
 
+class BlockTableRows:
+    """Every sequence's block table as one row of a persistent int32 array.
+
+    The block manager's lists stay the truth; this copy of them changes only where a
+    sequence gains or copies a block, so a step's padded ``(num_seqs, max_blocks)`` block
+    table is one gather instead of one Python list per sequence. Rows of freed sequences
+    are reused; entries past a sequence's last block are stale (``gather`` zeroes them).
+
+    Attributes:
+        table: (num_rows, width) int32, grown by doubling when a row or a block is missing.
+        num_tokens: (num_rows,) int64, the token slots each row's sequence holds.
+    """
+
+    def __init__(self, block_size: int, num_rows: int = 64, width: int = 8) -> None:
+        self.block_size = block_size
+        self.table = np.zeros((num_rows, width), dtype=np.int32)
+        self.num_tokens = np.zeros(num_rows, dtype=np.int64)
+        self._row_of: dict[int, int] = {}
+        self._free_rows = list(range(num_rows - 1, -1, -1))
+
+    def rows(self, seq_ids: Sequence[int]) -> np.ndarray:
+        """(len(seq_ids),) the row of each sequence."""
+        try:
+            return np.fromiter(map(self._row_of.__getitem__, seq_ids), np.intp, len(seq_ids))
+        except KeyError:
+            missing = next(s for s in seq_ids if s not in self._row_of)
+            raise KeyError(f"unknown seq_id {missing}") from None
+
+    def num_tokens_of(self, seq_id: int) -> int:
+        row = self._row_of.get(seq_id)
+        return 0 if row is None else int(self.num_tokens[row])
+
+    def write(self, seq_id: int, block_table: list[int], first: int) -> None:
+        """Set the row of ``seq_id`` (a new one if needed) from logical block ``first`` on."""
+        row = self._row(seq_id)
+        if len(block_table) > self.table.shape[1]:
+            self._grow(self.table.shape[0], len(block_table))
+        self.table[row, first : len(block_table)] = block_table[first:]
+
+    def set_entries(self, entries: list[tuple[int, int, int]]) -> None:
+        """Set single entries: ``(seq_id, logical_index, block_id)`` each."""
+        if not entries:
+            return
+        seq_ids, columns, block_ids = zip(*entries, strict=True)
+        rows = [self._row(seq_id) for seq_id in seq_ids]
+        if max(columns) >= self.table.shape[1]:
+            self._grow(self.table.shape[0], max(columns) + 1)
+        self.table[rows, columns] = block_ids
+
+    def set_num_tokens(self, seq_id: int, num_tokens: int) -> None:
+        self.num_tokens[self._row(seq_id)] = num_tokens
+
+    def add_tokens(self, seq_ids: Sequence[int]) -> None:
+        """One more token for each of ``seq_ids`` (a decode step)."""
+        np.add.at(self.num_tokens, self.rows(seq_ids), 1)
+
+    def copy(self, parent_seq_id: int, child_seq_id: int) -> None:
+        parent = self._row_of[parent_seq_id]
+        child = self._row(child_seq_id)
+        self.table[child] = self.table[parent]
+        self.num_tokens[child] = self.num_tokens[parent]
+
+    def release(self, seq_id: int) -> None:
+        self._free_rows.append(self._row_of.pop(seq_id))
+
+    def gather(self, rows: np.ndarray, num_blocks: np.ndarray) -> np.ndarray:
+        """(len(rows), max(num_blocks)) int32: each row's first ``num_blocks``, 0-padded."""
+        max_blocks = int(num_blocks.max(initial=0))
+        table = self.table[rows, :max_blocks]
+        table[np.arange(max_blocks) >= num_blocks[:, None]] = 0
+        return table
+
+    def _row(self, seq_id: int) -> int:
+        row = self._row_of.get(seq_id)
+        if row is None:
+            if not self._free_rows:
+                self._grow(2 * self.table.shape[0], self.table.shape[1])
+            row = self._row_of[seq_id] = self._free_rows.pop()
+        return row
+
+    def _grow(self, num_rows: int, width: int) -> None:
+        old_rows, old_width = self.table.shape
+        width = max(width, 2 * old_width) if width > old_width else old_width
+        table = np.zeros((num_rows, width), dtype=np.int32)
+        table[:old_rows, :old_width] = self.table
+        self.table = table
+        self.num_tokens = np.concatenate([self.num_tokens, np.zeros(num_rows - old_rows, np.int64)])
+        self._free_rows.extend(range(num_rows - 1, old_rows - 1, -1))
+
+
 def _int_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
     """Token ids as plain ints (a tensor element would hash by identity, not value)."""
     if isinstance(token_ids, torch.Tensor):
         return token_ids.tolist()
-    return [int(t) for t in token_ids]
+    return list(map(int, token_ids))

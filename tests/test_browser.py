@@ -1,0 +1,81 @@
+"""The widgets as a learner sees them: labs 03 and 04 run in JupyterLab, in Chromium.
+
+nbval never runs widget JavaScript, so these tests are the only proof that the page map
+and the memory gauge draw something and that a batching slider changes the plots and the
+page map. They need Debian's ``chromium`` and the ``playwright`` package; without them they
+skip, except where ``KVLAB_REQUIRE_BROWSER=1`` (CI) turns the skip into a failure.
+Screenshots land in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS, LabServer, missing_browser, run_all_cells, screenshot
+
+PAGE_MAP = '[data-testid="kvlab-page-map"]'
+GAUGE = '[data-testid="kvlab-memory-gauge"]'
+PANEL = ".kvlab-batching-panel"
+
+
+@dataclass
+class Lab:
+    page: object
+    server: LabServer
+    errors: list[str]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    reason = missing_browser()
+    if reason:
+        if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"browser tests are required here (KVLAB_REQUIRE_BROWSER=1): {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    server = LabServer(tmp_path_factory.mktemp("labs"))
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            yield Lab(page, server, errors)
+            browser.close()
+    finally:
+        server.close()
+
+
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # the fixture skips or fails with the reason
+    PlaywrightTimeout = TimeoutError
+
+
+def drawn_blocks(page) -> list[int]:
+    """data-drawn-blocks of every page map on the page (set by its JS after each draw)."""
+    maps = page.locator(PAGE_MAP)
+    return [int(maps.nth(i).get_attribute("data-drawn-blocks") or 0) for i in range(maps.count())]
+
+
+def test_lab03_page_map_and_gauge_render(lab):
+    page = lab.page
+    run_all_cells(page, lab.server, "03_paged.ipynb")
+    try:
+        page.wait_for_function(
+            f"() => document.querySelectorAll('{PAGE_MAP}[data-drawn-blocks]').length > 0",
+            timeout=30_000,
+        )
+    except PlaywrightTimeout:
+        pytest.fail(f"no page map finished drawing in 30 s; JavaScript errors: {lab.errors}")
+    blocks = drawn_blocks(page)
+    assert blocks and max(blocks) > 0, f"no page map drew a block: {blocks}"
+    gauge = page.locator(GAUGE).first
+    assert page.locator(GAUGE).count() > 0, "no memory gauge rendered"
+    assert int(gauge.get_attribute("data-drawn-segments") or 0) > 0, "the gauge drew nothing"
+    screenshot(page, "lab03_page_map.png", page.locator(PAGE_MAP).first)
+    screenshot(page, "lab03_memory_gauge.png", gauge)
+    assert not lab.errors, f"JavaScript errors: {lab.errors}"
