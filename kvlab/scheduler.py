@@ -479,7 +479,9 @@ class Scheduler:
             return True
         if len(self.waiting) >= self.config.max_num_seqs:
             return True
-        return now - self.waiting.oldest_arrival() >= self.config.batch_timeout
+        # NOTE: the same sum as next_wakeup, so that an engine idling until exactly that
+        # moment finds the batch ready (now - arrival could round just below the timeout).
+        return now >= self.waiting.oldest_arrival() + self.config.batch_timeout
 
     def _count_prefix_lookup(self, request: Request, num_hit: int) -> None:
         if request.num_cached_tokens is None:

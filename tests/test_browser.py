@@ -79,3 +79,53 @@ def test_lab03_page_map_and_gauge_render(lab):
     screenshot(page, "lab03_page_map.png", page.locator(PAGE_MAP).first)
     screenshot(page, "lab03_memory_gauge.png", gauge)
     assert not lab.errors, f"JavaScript errors: {lab.errors}"
+
+
+PANEL_STATE = """() => {
+    const panel = document.querySelector('.kvlab-batching-panel');
+    if (!panel) return null;
+    const plot = panel.querySelector('.kvlab-batching-plot .js-plotly-plot');
+    const map = panel.querySelector('.kvlab-batching-page-map [data-testid="kvlab-page-map"]');
+    const summary = panel.querySelector('[data-testid="kvlab-page-map-summary"]');
+    return {
+        plot: plot ? JSON.stringify(plot.data.map(trace => [trace.x, trace.y])) : null,
+        blocks: map ? map.getAttribute('data-drawn-blocks') : null,
+        summary: summary ? summary.textContent : null,
+    };
+}"""
+
+
+def test_lab04_slider_replays_and_redraws(lab):
+    page = lab.page
+    run_all_cells(page, lab.server, "04_batching.ipynb")
+    page.wait_for_function(f"() => {{ const s = ({PANEL_STATE})(); return s && s.plot; }}")
+    before = page.evaluate(PANEL_STATE)
+    assert before["blocks"] and int(before["blocks"]) > 0, f"the panel's page map: {before}"
+    panel = page.locator(PANEL).first
+    screenshot(page, "lab04_batching_panel.png", panel)
+
+    # Move the arrival-rate slider as a learner would: focus its handle, press the arrow key.
+    handle = panel.locator(".kvlab-slider-arrival_rate .noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    handle.focus()
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    try:
+        page.wait_for_function(
+            f"""(before) => {{
+                const now = ({PANEL_STATE})();
+                return now && now.plot && now.plot !== before.plot
+                    && now.summary !== before.summary;
+            }}""",
+            arg=before,
+            timeout=120_000,
+        )
+    except PlaywrightTimeout:
+        after = page.evaluate(PANEL_STATE)
+        pytest.fail(
+            "moving the arrival_rate slider did not change both the plot and the page map: "
+            f"plot changed={after['plot'] != before['plot']}, "
+            f"page map {before['summary']!r} -> {after['summary']!r}; errors: {lab.errors}"
+        )
+    screenshot(page, "lab04_batching_panel_after.png", panel)
+    assert not lab.errors, f"JavaScript errors: {lab.errors}"

@@ -29,6 +29,12 @@ HAND_ANSWERS = {
     "03.prefix_hit": 120 - 64,
     # the shared last block is copied by the first 3 writers; the 4th holds it alone
     "03.cow_copies": 3,
+    # 4 seats x 10 steps (the longest output) - 3 - 10 - 4 - 6 tokens
+    "04.static_idle_seats": 4 * 10 - (3 + 10 + 4 + 6),
+    # the oldest request (arrived at 0) times out after 0.5 s, before a 4th arrives at 1.2
+    "04.dynamic_start": 0.5,
+    # 7 prompt blocks + ceil(0.1 x 120) reserved blocks
+    "04.watermark": 7 + 12,
 }
 
 

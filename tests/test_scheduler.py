@@ -287,3 +287,19 @@ def test_swap_mode_needs_a_swap_space():
         Scheduler(SchedulerConfig(preemption_mode="swap"), paged())
     with pytest.raises(ValueError, match="PagedKVCache"):
         SwapSpace(ContiguousKVCache(1, 1, 2, num_slots=8, device="cpu"), 4)
+
+
+def test_dynamic_batch_starts_exactly_at_its_timeout():
+    """An idle engine wakes at arrival + batch_timeout; the batch must then be ready, even
+    where ``now - arrival`` rounds just below the timeout in floating point."""
+    from kvlab import LLM, SamplingParams
+    from kvlab.metrics import ManualClock
+
+    llm = LLM("tiny", scheduling="dynamic", batch_timeout=0.8, clock=ManualClock(), seed=0)
+    outputs = llm.generate(
+        [[5, 6, 7]],
+        SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+        arrival_times=[1.4632236633951825],
+        use_tqdm=False,
+    )
+    assert len(outputs[0].outputs[0].token_ids) == 3

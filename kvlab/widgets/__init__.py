@@ -1,9 +1,23 @@
-"""Live notebook views of the KV cache: the page map and the memory gauge.
+"""Live notebook views of the KV cache: the page map, the memory gauge, the batching panel.
 
 Widgets import from the rest of kvlab; nothing in kvlab imports widgets.
+``BatchingPanel`` runs the engine, so it is imported on first use: ``import kvlab.widgets``
+for a page map does not pay for importing transformers.
 """
+
+from __future__ import annotations
+
+import importlib
 
 from kvlab.widgets.memory_gauge import MemoryGauge, format_bytes
 from kvlab.widgets.page_map import PageMap, seq_color
 
-__all__ = ["MemoryGauge", "PageMap", "format_bytes", "seq_color"]
+_LAZY = {"BatchingPanel": "kvlab.widgets.batching_panel"}
+
+__all__ = ["BatchingPanel", "MemoryGauge", "PageMap", "format_bytes", "seq_color"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kvlab.widgets' has no attribute {name!r}")

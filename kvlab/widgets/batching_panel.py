@@ -1,0 +1,657 @@
+"""The batching panel: sliders for the scheduler's knobs, and what they do to one seeded trace.
+
+    from kvlab.widgets import BatchingPanel
+    panel = BatchingPanel()       # the tiny model, 16 requests, a simulated clock
+    panel                         # move a slider: the trace is replayed and every plot redrawn
+
+Every change replays ONE seeded trace (``kvlab.simulator.make_trace``: Poisson arrivals,
+Alpaca-like lengths) through ``kvlab.LLM``, once per scheduling policy, on a ``ManualClock``
+(each step lasts ``step_seconds``), so the numbers are exact and repeatable and a replay of
+the tiny model takes about a second on a CPU. What the panel shows:
+
+    timeline      the selected policy: each request waiting / prefill / decode / swapped
+    load          running and waiting requests and KV usage over time (selected policy)
+    comparison    TTFT p99, E2E p50/p99, tokens/s and mean batch size of all three policies
+    page map      the KV pool, live during the run, then at any step (the step slider)
+    memory gauge  the KV memory at the same step
+
+Each slider has the CSS class ``kvlab-slider-<name>`` (``max_num_seqs``, ``batch_timeout``,
+``block_size``, ``num_blocks``, ``max_num_batched_tokens``, ``arrival_rate``, and ``step``);
+the panel's root has ``kvlab-batching-panel``. Plots are plotly ``go.Figure`` objects shown
+in ``ipywidgets.Output`` areas: a ``go.FigureWidget`` would save a 5 MB JavaScript bundle
+into every notebook that shows one.
+
+On a shared CPU, call ``torch.set_num_threads(1)`` first, as the labs do: the tiny model
+gains nothing from a second thread, and two threads competing with other work can make a
+replay ten times slower.
+
+Not handled: sampled requests (greedy only), ``n > 1``, real (wall-clock) timing: lab 04
+measures that separately.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, fields, replace
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from kvlab.cache.base import CacheUsage
+from kvlab.llm import LLM
+from kvlab.metrics import ManualClock
+from kvlab.models import load_model
+from kvlab.replay import STATES, ReplayResult, TraceRequests, on_time_grid, replay
+from kvlab.scheduler import POLICIES, SchedulerConfig
+from kvlab.simulator import LENGTH_PROFILES, make_trace
+from kvlab.widgets.memory_gauge import MemoryGauge
+from kvlab.widgets.page_map import PageMap
+
+STATE_COLORS = {
+    "waiting": "#c9c9c9",
+    "prefill": "#f0a73a",
+    "decode": "#2e9e5b",
+    "swapped": "#a77fc2",
+}
+POLICY_COLORS = {"static": "#5b6b8c", "dynamic": "#f0a73a", "continuous": "#2e9e5b"}
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+# ---- the knobs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PanelSettings:
+    """The values of the panel's controls, each checked against its slider's range.
+
+    Attributes:
+        scheduling: ``"static"``, ``"dynamic"`` or ``"continuous"`` (the timeline's policy).
+        max_num_seqs: sequences that run at once (the seed article's max_batch_size), 1-16.
+        batch_timeout: dynamic only: seconds a batch waits to fill, 0-2.
+        block_size: tokens per KV block, a power of two from 1 to 64.
+        num_blocks: KV blocks in the pool, 4-512.
+        max_num_batched_tokens: the token budget of one continuous step, 16-512.
+        arrival_rate: mean requests per second of the trace, 0.5-50.
+    """
+
+    scheduling: str = "continuous"
+    max_num_seqs: int = 4
+    batch_timeout: float = 0.1
+    block_size: int = 8
+    num_blocks: int = 64
+    max_num_batched_tokens: int = 32
+    arrival_rate: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.scheduling not in POLICIES:
+            _refuse("scheduling", self.scheduling, f"one of {POLICIES}")
+        _check_number("max_num_seqs", self.max_num_seqs, 1, 16, integer=True)
+        _check_number("batch_timeout", self.batch_timeout, 0, 2)
+        if self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool):
+            _refuse("block_size", self.block_size, f"one of {BLOCK_SIZES}")
+        _check_number("num_blocks", self.num_blocks, 4, 512, integer=True)
+        _check_number("max_num_batched_tokens", self.max_num_batched_tokens, 16, 512, integer=True)
+        _check_number("arrival_rate", self.arrival_rate, 0.5, 50)
+
+    def describe(self) -> str:
+        return (
+            f"max_num_seqs={self.max_num_seqs}, batch_timeout={self.batch_timeout:.2f} s, "
+            f"block_size={self.block_size}, num_blocks={self.num_blocks}, "
+            f"max_num_batched_tokens={self.max_num_batched_tokens}, "
+            f"{self.arrival_rate:g} requests/s"
+        )
+
+
+def _refuse(name: str, value, allowed: str):
+    raise ValueError(f"{name}={value!r} is not allowed: use {allowed}")
+
+
+def _check_number(name: str, value, low, high, integer: bool = False) -> None:
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        _refuse(name, value, f"{'an int' if integer else 'a number'} from {low} to {high}")
+
+
+def _sliders(settings: PanelSettings) -> dict[str, widgets.Widget]:
+    """One slider per knob, at the values of ``settings``; none replays while dragged."""
+    style = {"description_width": "190px"}
+    layout = widgets.Layout(width="470px")
+    common = dict(continuous_update=False, style=style, layout=layout)
+    return {
+        "max_num_seqs": widgets.IntSlider(
+            value=settings.max_num_seqs, min=1, max=16, description="max_num_seqs", **common
+        ),
+        "batch_timeout": widgets.FloatSlider(
+            value=settings.batch_timeout,
+            min=0,
+            max=2,
+            step=0.05,
+            readout_format=".2f",
+            description="batch_timeout (s)",
+            **common,
+        ),
+        "block_size": widgets.SelectionSlider(
+            value=settings.block_size, options=BLOCK_SIZES, description="block_size", **common
+        ),
+        "num_blocks": widgets.IntSlider(
+            value=settings.num_blocks, min=4, max=512, step=4, description="num_blocks", **common
+        ),
+        "max_num_batched_tokens": widgets.IntSlider(
+            value=settings.max_num_batched_tokens,
+            min=16,
+            max=512,
+            step=16,
+            description="max_num_batched_tokens",
+            **common,
+        ),
+        "arrival_rate": widgets.FloatSlider(
+            value=settings.arrival_rate,
+            min=0.5,
+            max=50,
+            step=0.5,
+            readout_format=".1f",
+            description="arrival_rate (req/s)",
+            **common,
+        ),
+    }
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+
+def _request_labels(result: ReplayResult) -> list[str]:
+    return [f"req {i}" for i in range(len(result.outputs))]
+
+
+def add_timeline(fig: go.Figure, result: ReplayResult, row: int = 1, legend: bool = True) -> None:
+    """Draw who runs when into ``fig``'s ``row``: one bar row per request, colored by state."""
+    labels = _request_labels(result)
+    segments = result.timeline()
+    for state in STATES:
+        chosen = [s for s in segments if s.state == state]
+        if not chosen:
+            continue
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=[labels[s.request] for s in chosen],
+                x=[s.end - s.start for s in chosen],
+                base=[s.start for s in chosen],
+                marker_color=STATE_COLORS[state],
+                name=state,
+                legendgroup=state,
+                showlegend=legend,
+                hovertemplate=f"%{{y}} {state}: %{{base:.3f}} s + %{{x:.3f}} s<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
+    ends = [o.metrics.arrival_time + o.metrics.e2e for o in result.outputs]
+    fig.add_trace(
+        go.Scatter(
+            x=ends,
+            y=labels,
+            mode="markers",
+            marker=dict(symbol="line-ns-open", size=10, color="#111111"),
+            name="finished",
+            legendgroup="finished",
+            showlegend=legend,
+            hovertemplate="%{y} finished at %{x:.3f} s<extra></extra>",
+        ),
+        row=row,
+        col=1,
+    )
+    fig.update_yaxes(
+        categoryorder="array",
+        categoryarray=labels,
+        tickmode="array",
+        tickvals=labels,
+        autorange="reversed",
+        row=row,
+        col=1,
+    )
+
+
+def timeline_figure(results: dict[str, ReplayResult], title: str = "") -> go.Figure:
+    """One timeline per run, stacked, on one time axis."""
+    num_requests = max(len(r.outputs) for r in results.values())
+    fig = make_subplots(
+        rows=len(results),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=list(results),
+    )
+    for row, result in enumerate(results.values(), start=1):
+        add_timeline(fig, result, row=row, legend=row == 1)
+    fig.update_layout(
+        barmode="overlay",
+        title=title or "Who runs when (simulated clock)",
+        height=120 + len(results) * (40 + 16 * num_requests),
+        width=860,
+        margin=dict(t=70, b=40, l=60, r=20),
+        legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"),
+    )
+    fig.update_xaxes(title_text="time (s)", row=len(results), col=1)
+    return fig
+
+
+def load_figure(results: dict[str, ReplayResult], title: str = "") -> go.Figure:
+    """Running and waiting requests and KV usage after every step, one line per run."""
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.07,
+        subplot_titles=("requests running", "requests waiting", "KV usage (% of blocks held)"),
+    )
+    for name, result in results.items():
+        steps = result.metrics.steps
+        times = [s.time for s in steps]
+        color = POLICY_COLORS.get(name)
+        rows = (
+            [s.num_running for s in steps],
+            [s.num_waiting for s in steps],
+            [100 * s.kv_usage for s in steps],
+        )
+        for row, values in enumerate(rows, start=1):
+            fig.add_scatter(
+                x=times,
+                y=values,
+                mode="lines",
+                line=dict(shape="hv", color=color),
+                name=name,
+                legendgroup=name,
+                showlegend=row == 1,
+                row=row,
+                col=1,
+            )
+    fig.update_layout(
+        title=title or "Queue depth and KV usage over time",
+        height=520,
+        width=860,
+        margin=dict(t=70, b=40, l=60, r=20),
+    )
+    fig.update_xaxes(title_text="time (s)", row=3, col=1)
+    return fig
+
+
+def comparison_figure(results: dict[str, ReplayResult], title: str = "") -> go.Figure:
+    """Latency percentiles, throughput and mean batch size of each run, side by side."""
+    names = list(results)
+    summaries = [results[n].summary for n in names]
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        column_widths=[0.5, 0.25, 0.25],
+        subplot_titles=("latency (s)", "output tokens/s", "mean batch size"),
+    )
+    metrics = (("TTFT p99", "ttft_p99", "#a77fc2"), ("E2E p50", "e2e_p50", "#8fb3d9"))
+    metrics += (("E2E p99", "e2e_p99", "#2b5d8c"),)
+    for label, key, color in metrics:
+        fig.add_bar(x=names, y=[s[key] for s in summaries], name=label, marker_color=color)
+    colors = [POLICY_COLORS.get(n, "#5b6b8c") for n in names]
+    for col, key in ((2, "output_tokens_per_s"), (3, "mean_batch_size")):
+        fig.add_bar(
+            x=names,
+            y=[s[key] for s in summaries],
+            marker_color=colors,
+            showlegend=False,
+            row=1,
+            col=col,
+        )
+    fig.update_layout(
+        barmode="group",
+        title=title or "Policies compared on the same trace",
+        height=360,
+        width=860,
+        margin=dict(t=100, b=40, l=50, r=20),
+        legend=dict(orientation="h", y=-0.15),
+    )
+    return fig
+
+
+def panel_figure(result: ReplayResult, title: str) -> go.Figure:
+    """The panel's main plot: the timeline, and below it queue depth and KV usage."""
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        row_heights=[0.6, 0.2, 0.2],
+        vertical_spacing=0.06,
+        subplot_titles=("who runs when", "requests running / waiting", "KV usage (%)"),
+    )
+    add_timeline(fig, result, row=1)
+    steps = result.metrics.steps
+    times = [s.time for s in steps]
+    queues = (("# running", [s.num_running for s in steps], "#2e9e5b"),)
+    queues += (("# waiting", [s.num_waiting for s in steps], "#8c8c8c"),)
+    for name, values, color in queues:
+        line = dict(shape="hv", color=color)
+        fig.add_scatter(x=times, y=values, mode="lines", line=line, name=name, row=2, col=1)
+    fig.add_scatter(
+        x=times,
+        y=[100 * s.kv_usage for s in steps],
+        mode="lines",
+        line=dict(shape="hv", color="#2b5d8c"),
+        name="KV usage",
+        row=3,
+        col=1,
+    )
+    fig.update_layout(
+        barmode="overlay",
+        title=title,
+        height=300 + 22 * len(result.outputs),
+        width=860,
+        margin=dict(t=100, b=40, l=60, r=20),
+    )
+    fig.update_xaxes(title_text="time (s, simulated)", row=3, col=1)
+    return fig
+
+
+def show_figure(output: widgets.Output, fig: go.Figure) -> None:
+    """Replace what ``output`` shows with ``fig`` (plotly's JSON mimetype, no JavaScript)."""
+    bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+    output.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+
+
+# ---- the panel -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The KV pool after one step, in the form the page map and the gauge read."""
+
+    infos: tuple
+    cache_usage: CacheUsage
+    block_size: int
+    step: int
+    time: float
+
+    def block_infos(self) -> list:
+        return list(self.infos)
+
+    def usage(self) -> CacheUsage:
+        return self.cache_usage
+
+
+class BatchingPanel(widgets.VBox):
+    """Sliders for max_num_seqs, batch_timeout, block_size, num_blocks, the token budget
+    and the arrival rate; every change replays one seeded trace and redraws.
+
+    Args:
+        model: ``"tiny"`` (default: a replay takes about a second), ``"smollm2-135m"``
+            (real, about 0.1-0.3 s per step on a CPU), or a loaded transformers model.
+        num_requests, lengths, seed: the trace (``kvlab.simulator.make_trace``).
+        max_output_len: outputs are cut to this many tokens, to keep a replay short.
+        step_seconds: simulated length of one engine step.
+        preemption_mode, page_reuse_threshold: passed to ``kvlab.LLM``.
+        compare: also replay the two other policies for the comparison plot.
+        run: replay once now (else call ``run()``).
+        **settings: starting values of the controls (``PanelSettings`` fields).
+
+    Attributes:
+        settings: the values of the last replay.
+        results: policy -> ``ReplayResult`` of the last replay.
+        figure, comparison: the plotly figures shown (``go.Figure``).
+        page_map, gauge: the KV pool views.
+        sliders: name -> slider; ``scheduling``, ``step_slider``, ``run_button``, ``status``.
+        error: why the last replay did not run (a bad combination of values), else None.
+        num_replays: replays done (a test hook).
+    """
+
+    def __init__(
+        self,
+        model="tiny",
+        *,
+        num_requests: int = 16,
+        lengths: str = "alpaca",
+        seed: int = 0,
+        max_output_len: int = 24,
+        step_seconds: float = 0.025,
+        preemption_mode: str = "recompute",
+        page_reuse_threshold: float = 0.0,
+        compare: bool = True,
+        run: bool = True,
+        **settings,
+    ) -> None:
+        _check_number("num_requests", num_requests, 1, 256, integer=True)
+        _check_number("max_output_len", max_output_len, 1, 4096, integer=True)
+        if lengths not in LENGTH_PROFILES:
+            _refuse("lengths", lengths, f"one of {sorted(LENGTH_PROFILES)}")
+        if isinstance(step_seconds, bool) or not isinstance(step_seconds, int | float):
+            _refuse("step_seconds", step_seconds, "seconds > 0")
+        if not 0 < step_seconds < math.inf:
+            _refuse("step_seconds", step_seconds, "seconds > 0")
+        unknown = set(settings) - {f.name for f in fields(PanelSettings)}
+        if unknown:
+            raise TypeError(f"BatchingPanel got unknown settings {sorted(unknown)}")
+        self.settings = PanelSettings(**settings)
+        self._options = dict(
+            preemption_mode=preemption_mode, page_reuse_threshold=page_reuse_threshold
+        )
+        SchedulerConfig(**self._options)  # checks both now, not at the first replay
+        self.model, self.tokenizer = _model_of(model)
+        self._trace_args = dict(num_requests=num_requests, lengths=lengths, seed=seed)
+        self._max_output_len = max_output_len
+        self._step_seconds = step_seconds
+        self._compare = compare
+        self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.results: dict[str, ReplayResult] = {}
+        self.figure: go.Figure | None = None
+        self.comparison: go.Figure | None = None
+        self.error: str | None = None
+        self.num_replays = 0
+        self._snapshots: list[_Snapshot] = []
+        self._quiet = False
+        super().__init__(children=self._build())
+        self.add_class("kvlab-batching-panel")
+        if run:
+            self.run()
+
+    # ---- layout ------------------------------------------------------------------------
+
+    def _build(self) -> list[widgets.Widget]:
+        self.scheduling = widgets.ToggleButtons(
+            options=POLICIES, value=self.settings.scheduling, description="scheduling"
+        )
+        self.scheduling.add_class("kvlab-toggle-scheduling")
+        self.sliders = _sliders(self.settings)
+        for name, slider in self.sliders.items():
+            slider.add_class(f"kvlab-slider-{name}")
+            slider.observe(self._on_knob, names="value")
+        self.scheduling.observe(self._on_knob, names="value")
+        self.run_button = widgets.Button(description="replay", icon="play")
+        self.run_button.add_class("kvlab-run-button")
+        self.run_button.on_click(lambda _: self.run())
+        self.status = widgets.HTML("not run yet")
+        self.status.add_class("kvlab-batching-status")
+        self.plot = widgets.Output()
+        self.plot.add_class("kvlab-batching-plot")
+        self.comparison_plot = widgets.Output()
+        self.comparison_plot.add_class("kvlab-batching-comparison")
+        self.page_map = PageMap(title="KV pool")
+        self.page_map.add_class("kvlab-batching-page-map")
+        self.gauge = MemoryGauge(title="memory")
+        self.step_slider = widgets.IntSlider(
+            value=0,
+            min=0,
+            max=0,
+            description="step",
+            continuous_update=True,
+            layout=widgets.Layout(width="440px"),
+        )
+        self.step_slider.add_class("kvlab-slider-step")
+        self.step_slider.observe(self._on_step_slider, names="value")
+        names = list(self.sliders)
+        controls = widgets.HBox(
+            [
+                widgets.VBox([self.sliders[n] for n in names[:3]]),
+                widgets.VBox([self.sliders[n] for n in names[3:]]),
+            ]
+        )
+        pool = widgets.VBox([self.step_slider, self.page_map, self.gauge])
+        return [
+            self.scheduling,
+            controls,
+            widgets.HBox([self.run_button, self.status]),
+            self.plot,
+            pool,
+            self.comparison_plot,
+        ]
+
+    # ---- replays -----------------------------------------------------------------------
+
+    def set(self, **settings) -> None:
+        """Move several controls at once (as a learner would), then replay once."""
+        new = replace(self.settings, **settings)  # checks every value first
+        self._quiet = True
+        try:
+            self.scheduling.value = new.scheduling
+            for name, slider in self.sliders.items():
+                slider.value = getattr(new, name)
+        finally:
+            self._quiet = False
+        self.run()
+
+    def run(self) -> None:
+        """Replay the trace with the controls' values; show the outcome or why it failed."""
+        try:
+            settings = self._read_controls()
+            requests = self._requests(settings.arrival_rate)
+            self._set_status("replaying ...")
+            selected = settings.scheduling
+            results = {selected: self._replay(settings, selected, requests, live=True)}
+            others = [p for p in POLICIES if p != selected] if self._compare else []
+            for policy in others:
+                results[policy] = self._replay(settings, policy, requests, live=False)
+        except ValueError as error:
+            self.error = str(error)
+            self._set_status(f"<b>Not replayed:</b> {html.escape(self.error)}")
+            return
+        self.error = None
+        self.settings = settings
+        self.results = {p: results[p] for p in POLICIES if p in results}
+        self._draw()
+
+    def _read_controls(self) -> PanelSettings:
+        values = {name: slider.value for name, slider in self.sliders.items()}
+        return PanelSettings(scheduling=self.scheduling.value, **values)
+
+    def _requests(self, arrival_rate: float) -> TraceRequests:
+        trace = make_trace(
+            arrival_rate=arrival_rate,
+            max_model_len=self.model.config.max_position_embeddings,
+            **self._trace_args,
+        )
+        vocab_size = self.model.config.vocab_size
+        seed = self._trace_args["seed"]
+        return TraceRequests.from_trace(trace, vocab_size, self._max_output_len, seed)
+
+    def _replay(
+        self, settings: PanelSettings, policy: str, requests: TraceRequests, live: bool
+    ) -> ReplayResult:
+        llm = LLM(
+            self.model,
+            tokenizer=self.tokenizer,
+            scheduling=policy,
+            max_num_seqs=settings.max_num_seqs,
+            batch_timeout=on_time_grid(settings.batch_timeout),
+            block_size=settings.block_size,
+            num_blocks=settings.num_blocks,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            clock=ManualClock(self._step_seconds),
+            **self._options,
+        )
+        self.num_replays += 1
+        if not live:
+            return replay(llm, requests)
+        cache = llm.engine.cache
+        self._snapshots = []
+
+        def on_step(stats) -> None:
+            snapshot = _Snapshot(
+                tuple(cache.block_infos()), cache.usage(), cache.block_size, stats.step, stats.time
+            )
+            self._snapshots.append(snapshot)
+            self._show_pool(snapshot, policy)  # live: the page map moves while it runs
+
+        return replay(llm, requests, on_step=on_step)
+
+    # ---- drawing -----------------------------------------------------------------------
+
+    def _draw(self) -> None:
+        settings = self.settings
+        result = self.results[settings.scheduling]
+        title = f"{settings.scheduling} batching<br><sub>{settings.describe()}</sub>"
+        self.figure = panel_figure(result, title)
+        show_figure(self.plot, self.figure)
+        if len(self.results) > 1:
+            title = f"The three policies on the same trace<br><sub>{settings.describe()}</sub>"
+            self.comparison = comparison_figure(self.results, title)
+            show_figure(self.comparison_plot, self.comparison)
+        self._set_status(html.escape(self.summary_text()))
+        # Park the page map at the step where the pool was fullest (the end is all free).
+        usage = [s.kv_usage for s in result.metrics.steps]
+        peak = usage.index(max(usage)) if usage else 0
+        self._quiet = True
+        try:
+            self.step_slider.max = max(0, len(self._snapshots) - 1)
+            self.step_slider.value = peak
+        finally:
+            self._quiet = False
+        if self._snapshots:
+            self._show_pool(self._snapshots[peak], settings.scheduling, note=" (peak KV use)")
+
+    def _show_pool(self, snapshot: _Snapshot, policy: str, note: str = "") -> None:
+        self.page_map.title = (
+            f"{policy}: KV pool after step {snapshot.step}, t = {snapshot.time:.3f} s{note}"
+        )
+        self.page_map.update(snapshot)
+        self.gauge.update(snapshot, self._weight_bytes)
+
+    def _set_status(self, text: str) -> None:
+        self.status.value = text
+
+    def summary_text(self) -> str:
+        """The selected policy's headline numbers (deterministic: a simulated clock)."""
+        if not self.results:
+            return "not run yet"
+        s = self.results[self.settings.scheduling].summary
+        return (
+            f"{self.settings.scheduling}: {s['num_requests']:.0f} requests in "
+            f"{s['num_steps']:.0f} steps; E2E p50 {s['e2e_p50']:.3f} s, p99 "
+            f"{s['e2e_p99']:.3f} s; TTFT p99 {s['ttft_p99']:.3f} s; "
+            f"{s['output_tokens_per_s']:.0f} tokens/s; mean batch {s['mean_batch_size']:.2f}; "
+            f"peak KV {s['kv_usage_peak']:.0%}; {s['num_preemptions']:.0f} preemptions"
+        )
+
+    # ---- events ------------------------------------------------------------------------
+
+    def _on_knob(self, change) -> None:
+        if not self._quiet:
+            self.run()
+
+    def _on_step_slider(self, change) -> None:
+        if self._quiet or not self._snapshots:
+            return
+        index = min(change["new"], len(self._snapshots) - 1)
+        self._show_pool(self._snapshots[index], self.settings.scheduling)
+
+    def __repr__(self) -> str:
+        if self.error:
+            return f"BatchingPanel(not replayed: {self.error})"
+        return f"BatchingPanel({self.summary_text()})"
+
+
+def _model_of(model):
+    """(model, tokenizer) from a name, or a loaded model (no tokenizer needed)."""
+    if isinstance(model, str):
+        return load_model(model, device="cpu")
+    if hasattr(model, "config") and hasattr(model, "parameters"):
+        return model, None
+    raise ValueError(
+        f"model={model!r} is not allowed: use 'tiny', 'smollm2-135m' or a loaded model"
+    )

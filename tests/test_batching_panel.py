@@ -1,0 +1,204 @@
+"""Python side of the batching panel: sliders replay the trace and change what is drawn.
+
+The browser test moves a slider in JupyterLab and watches the plot and the page map; these
+tests pin the same chain in Python: a slider's value -> a replay -> new figure data and a
+new page-map state, with the page map updated during the run, not only after it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from kvlab.widgets import BatchingPanel
+from kvlab.widgets.batching_panel import (
+    PanelSettings,
+    comparison_figure,
+    load_figure,
+    timeline_figure,
+)
+
+KNOBS = (
+    "max_num_seqs",
+    "batch_timeout",
+    "block_size",
+    "num_blocks",
+    "max_num_batched_tokens",
+    "arrival_rate",
+)
+SMALL = dict(num_requests=6, max_output_len=8)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny model gains nothing from a second thread; on a shared CPU it loses a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def panel() -> BatchingPanel:
+    return BatchingPanel(**SMALL)
+
+
+def plotted(panel: BatchingPanel) -> str:
+    """Everything the two plots show (data and layout), as the browser receives it."""
+    return json.dumps([panel.figure.to_dict(), panel.comparison.to_dict()], sort_keys=True)
+
+
+def page_map_state(panel: BatchingPanel) -> tuple:
+    pm = panel.page_map
+    return (pm.title, pm.num_blocks, tuple(pm.owner), tuple(pm.num_filled), pm.summary)
+
+
+def test_the_panel_and_its_sliders_carry_css_classes_for_the_browser(panel):
+    assert "kvlab-batching-panel" in panel._dom_classes
+    for name in KNOBS:
+        slider = panel.sliders[name]
+        assert f"kvlab-slider-{name}" in slider._dom_classes
+        assert slider.continuous_update is False
+    assert "kvlab-slider-step" in panel.step_slider._dom_classes
+    assert "kvlab-toggle-scheduling" in panel.scheduling._dom_classes
+
+
+def test_the_first_replay_draws_plotly_json_into_output_areas(panel):
+    assert panel.error is None
+    assert set(panel.results) == {"static", "dynamic", "continuous"}
+    for output in (panel.plot, panel.comparison_plot):
+        (shown,) = output.outputs
+        figure = shown["data"]["application/vnd.plotly.v1+json"]
+        assert figure["data"]  # traces, as plain JSON
+    assert isinstance(panel.figure, go.Figure)
+    assert panel.page_map.num_blocks == panel.settings.num_blocks
+    assert "peak KV use" in panel.page_map.title
+    assert repr(panel).startswith("BatchingPanel(continuous: 6 requests")
+
+
+def test_a_slider_change_replays_and_changes_the_plots_and_the_page_map(panel):
+    before_plot, before_map = plotted(panel), page_map_state(panel)
+    replays = panel.num_replays
+    updates = []
+    panel.page_map.observe(lambda change: updates.append(change["new"]), names="owner")
+    panel.sliders["max_num_seqs"].value = 1
+    assert panel.num_replays == replays + 3  # the selected policy, then the two others
+    assert panel.settings.max_num_seqs == 1
+    assert plotted(panel) != before_plot
+    assert page_map_state(panel) != before_map
+    # The page map moved during the run (on_step), not only once at the end.
+    assert len(updates) > 5
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("max_num_seqs", 2),
+        ("batch_timeout", 0.5),
+        ("block_size", 4),
+        ("num_blocks", 32),
+        ("max_num_batched_tokens", 16),
+        ("arrival_rate", 2.0),
+    ],
+)
+def test_every_slider_changes_what_is_plotted(panel, name, value):
+    before_data = [panel.figure.to_dict()["data"], panel.comparison.to_dict()["data"]]
+    panel.sliders[name].value = value
+    assert panel.error is None
+    assert getattr(panel.settings, name) == value
+    after_data = [panel.figure.to_dict()["data"], panel.comparison.to_dict()["data"]]
+    assert after_data != before_data
+
+
+def test_the_scheduling_toggle_redraws_the_timeline(panel):
+    before = panel.figure.to_dict()["data"]
+    panel.scheduling.value = "static"
+    assert panel.settings.scheduling == "static"
+    assert panel.figure.to_dict()["data"] != before
+    assert panel.page_map.title.startswith("static:")
+
+
+def test_set_moves_several_controls_and_replays_once(panel):
+    replays = panel.num_replays
+    panel.set(scheduling="dynamic", batch_timeout=0.5, max_num_seqs=8)
+    assert panel.num_replays == replays + 3
+    assert panel.sliders["batch_timeout"].value == 0.5
+    assert panel.scheduling.value == "dynamic"
+    assert panel.summary_text().startswith("dynamic:")
+
+
+def test_the_step_slider_scrubs_the_page_map_through_the_run(panel):
+    steps = panel.results[panel.settings.scheduling].metrics.steps
+    assert panel.step_slider.max == len(steps) - 1
+    panel.step_slider.value = 0
+    assert "after step 0," in panel.page_map.title
+    first = panel.page_map.counts
+    panel.step_slider.value = panel.step_slider.max
+    last = panel.page_map.counts
+    assert first.used > 0 and last.used == 0  # everything finished and was freed
+    assert panel.gauge.summary  # the gauge follows the same step
+
+
+def test_a_bad_combination_is_explained_and_keeps_the_last_plots(panel):
+    panel.sliders["block_size"].value = 1
+    figure = panel.figure
+    panel.sliders["num_blocks"].value = 4  # 4 tokens of KV: no request fits
+    assert panel.error is not None and "KV blocks" in panel.error
+    assert "Not replayed" in panel.status.value
+    assert panel.figure is figure
+    assert repr(panel).startswith("BatchingPanel(not replayed")
+    panel.sliders["num_blocks"].value = 256
+    assert panel.error is None and panel.figure is not figure
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_num_seqs=0), "max_num_seqs=0 is not allowed"),
+        (dict(max_num_seqs=2.5), "max_num_seqs=2.5 is not allowed"),
+        (dict(batch_timeout=-1), "batch_timeout=-1"),
+        (dict(block_size=3), r"block_size=3 is not allowed: use one of \(1, 2, 4"),
+        (dict(num_blocks=1), "num_blocks=1"),
+        (dict(max_num_batched_tokens=8), "max_num_batched_tokens=8"),
+        (dict(arrival_rate=0), "arrival_rate=0"),
+        (dict(scheduling="fifo"), "scheduling='fifo'"),
+        (dict(num_requests=0), "num_requests=0"),
+        (dict(max_output_len=0), "max_output_len=0"),
+        (dict(lengths="chat"), "lengths='chat'"),
+        (dict(step_seconds=0), "step_seconds=0"),
+        (dict(preemption_mode="drop"), "preemption_mode='drop'"),
+        (dict(page_reuse_threshold=1.0), "page_reuse_threshold=1.0"),
+        (dict(model=42), "model=42"),
+    ],
+)
+def test_bad_values_are_refused_with_the_name_and_what_is_allowed(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BatchingPanel(run=False, **kwargs)
+
+
+def test_unknown_settings_are_refused():
+    with pytest.raises(TypeError, match="max_batch_size"):
+        BatchingPanel(run=False, max_batch_size=4)
+
+
+def test_settings_match_the_slider_ranges():
+    settings = PanelSettings()
+    panel = BatchingPanel(run=False, compare=False, **SMALL)
+    for name in KNOBS:
+        assert panel.sliders[name].value == getattr(settings, name)
+    assert panel.status.value == "not run yet"
+    panel.run()
+    assert list(panel.results) == ["continuous"] and panel.num_replays == 1
+
+
+def test_figure_helpers_draw_one_row_or_line_per_run(panel):
+    results = panel.results
+    timeline = timeline_figure(results)
+    assert len({t.yaxis for t in timeline.data}) == 3
+    load = load_figure(results)
+    assert {t.name for t in load.data} == set(results)
+    comparison = comparison_figure(results)
+    assert list(comparison.data[0].x) == list(results)
