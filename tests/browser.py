@@ -50,6 +50,10 @@ class LabServer:
         settings = workdir / ".settings" / "@jupyterlab" / "notebook-extension"
         settings.mkdir(parents=True)
         (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+        # and no "get notified about Jupyter news?" pop-up over the widgets
+        news = workdir / ".settings" / "@jupyterlab" / "apputils-extension"
+        news.mkdir(parents=True)
+        (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (workdir / "jupyterlab.log").open("w")

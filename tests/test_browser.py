@@ -127,5 +127,9 @@ def test_lab04_slider_replays_and_redraws(lab):
             f"plot changed={after['plot'] != before['plot']}, "
             f"page map {before['summary']!r} -> {after['summary']!r}; errors: {lab.errors}"
         )
+    page.wait_for_function(
+        "() => !document.querySelector('.kvlab-batching-status').textContent.includes('replaying')",
+        timeout=120_000,
+    )
     screenshot(page, "lab04_batching_panel_after.png", panel)
     assert not lab.errors, f"JavaScript errors: {lab.errors}"
