@@ -1,0 +1,97 @@
+"""The capstone's measurements against their oracles: both KV caches give the tokens of
+Hugging Face's one-at-a-time ``generate``; a contiguous budget of N reservations runs at
+most N requests at once while a paged one runs them all; the padded-batch memory count
+equals the positions of the real ``DynamicCache``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlab.bench import make_workload, mismatches, run_hf_one_at_a_time
+from kvlab.capstone import hf_peak_kv_slots, run_engine
+
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 64  # every request of the workload below fits in one 64-slot reservation
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    work = make_workload(6, 256, max_prompt_len=40, max_tokens=12, seed=1)
+    assert max(len(p) + n for p, n in zip(work.prompts, work.output_lens, strict=True)) <= 64
+    return work
+
+
+@pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
+def test_both_caches_match_hf_one_at_a_time(tiny, workload, kv_cache):
+    run = run_engine(
+        tiny,
+        workload,
+        kv_cache=kv_cache,
+        num_blocks=32,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=8,
+        max_model_len=MAX_MODEL_LEN,
+    )
+    reference = run_hf_one_at_a_time(tiny, workload)
+    assert mismatches([run.result], reference) == []
+    assert run.result.name == f"kvlab-{kv_cache}"
+    assert [len(t) for t in run.result.outputs] == workload.output_lens
+    assert 0 < run.result.kv_utilization <= 1
+    assert 0 < run.kv_usage_peak <= 1
+    assert run.num_preemptions == 0
+    durations = run.step_seconds()
+    assert len(durations) == run.num_steps - 1
+    assert all(n >= 1 and seconds >= 0 for n, seconds in durations)
+
+
+def test_contiguous_reservations_cap_concurrency_paged_does_not(tiny, workload):
+    # 8 blocks = 128 slots: two reservations of max_model_len=64, or every paged request.
+    settings = dict(num_blocks=8, block_size=BLOCK_SIZE, max_num_seqs=8)
+    contiguous = run_engine(
+        tiny, workload, kv_cache="contiguous", max_model_len=MAX_MODEL_LEN, **settings
+    )
+    pairs = zip(workload.prompts, workload.output_lens, strict=True)
+    needed = sum(-(-(len(p) + n) // BLOCK_SIZE) for p, n in pairs)
+    paged = run_engine(tiny, workload, kv_cache="paged", **(settings | {"num_blocks": needed}))
+    assert contiguous.peak_running == 2
+    assert paged.peak_running == len(workload.prompts)
+    assert contiguous.num_steps > paged.num_steps
+    assert contiguous.result.outputs == paged.result.outputs
+    assert contiguous.result.kv_utilization < paged.result.kv_utilization
+
+
+def test_hf_peak_kv_slots_counts_the_dynamic_cache(tiny, workload):
+    # The real DynamicCache of one padded batch holds exactly the counted positions.
+    from transformers import GenerationConfig
+
+    prompts, lens = workload.prompts[:3], workload.output_lens[:3]
+    width, steps = max(map(len, prompts)), max(lens)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = GenerationConfig(
+        max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0
+    )
+    out = tiny.generate(
+        ids, attention_mask=mask, generation_config=config, return_dict_in_generate=True
+    )
+    held = out.past_key_values.get_seq_length() * len(prompts)
+    sub = type(workload)(prompts, lens)
+    assert hf_peak_kv_slots(sub, batch_size=3) == held
+    assert hf_peak_kv_slots(sub, batch_size=1) == max(
+        len(p) + n - 1 for p, n in zip(prompts, lens, strict=True)
+    )
+
+
+def test_hf_peak_kv_slots_refuses_an_empty_batch(workload):
+    with pytest.raises(ValueError, match="batch_size=0"):
+        hf_peak_kv_slots(workload, 0)
