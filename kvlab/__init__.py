@@ -1,8 +1,9 @@
 """kvlab: a small, tested inference engine for learning how LLM servers manage the KV cache.
 
-The modules follow the labs: ``models`` and ``env`` (lab 00), ``memory``, ``runner`` and
-``cache.naive`` (lab 01), ``cache.contiguous`` (lab 02), ``cache.paged`` and ``simulator``
-(lab 03), ``scheduler``, ``engine`` and ``llm`` (lab 04), ``kernels`` (lab 05).
+The modules follow the labs: ``models`` and ``env`` (lab 00), ``memory``, ``runner``,
+``naive_hf`` and ``cache.naive`` (lab 01), ``cache.contiguous`` and ``experiments`` (lab 02),
+``cache.paged`` and ``simulator`` (lab 03), ``scheduler``, ``engine``, ``llm`` and ``replay``
+(lab 04), ``kernels`` (lab 05), ``capstone`` and ``bench`` (labs 06 and 07).
 
 The names below are imported on first use, so that ``import kvlab.simulator`` (no model)
 does not pay for importing transformers.
