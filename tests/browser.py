@@ -95,8 +95,18 @@ def run_all_cells(page, server: LabServer, notebook: str, timeout_s: float = 600
 
     Raises AssertionError naming the first cell that produced an error output.
     """
-    page.goto(f"{server.url}/lab/tree/{notebook}")
-    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=120_000)
+    # A workspace of its own, reset, so that notebooks opened by earlier tests are not
+    # restored and made current instead of this one.
+    workspace = Path(notebook).stem.replace("_", "-")
+    page.goto(f"{server.url}/lab/workspaces/{workspace}/tree/{notebook}?reset")
+    page.wait_for_function(
+        """(notebook) => {
+            const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+            return w && w.context && w.context.path.endsWith(notebook);
+        }""",
+        arg=notebook,
+        timeout=120_000,
+    )
     # "Run all" sent before the kernel is connected silently does nothing: wait for it.
     page.wait_for_function(
         """() => {
