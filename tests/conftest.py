@@ -8,6 +8,16 @@ import torch
 import kvlab
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of small ops: on a shared 2-core machine a second
+    thread makes them many times slower (OpenMP threads waiting on each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of the real SmolLM2-135M-Instruct."""

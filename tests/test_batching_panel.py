@@ -11,7 +11,6 @@ import json
 
 import plotly.graph_objects as go
 import pytest
-import torch
 
 from kvlab.widgets import BatchingPanel
 from kvlab.widgets.batching_panel import (
@@ -32,13 +31,7 @@ KNOBS = (
 SMALL = dict(num_requests=6, max_output_len=8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model gains nothing from a second thread; on a shared CPU it loses a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

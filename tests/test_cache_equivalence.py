@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-import torch
 from conftest import random_prompts
 from test_runner import hf_greedy_batch
 
@@ -87,13 +86,7 @@ def by_name(cases: list[CacheCase]):
     return pytest.mark.parametrize("case", cases, ids=[case.name for case in cases])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One CPU thread: faster than two on a shared machine, and the same sums every run."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def shared_prefix_prompts(vocab_size: int) -> list[list[int]]:

@@ -16,12 +16,7 @@ BLOCK_SIZE = 16
 MAX_MODEL_LEN = 64  # every request of the workload below fits in one 64-slot reservation
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

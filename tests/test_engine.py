@@ -29,13 +29,7 @@ LENGTHS = [1, 7, 30, 45, 3, 17]
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small ops on a shared 2-core machine: one thread avoids OpenMP contention stalls.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 _references: dict[str, list[list[int]]] = {}

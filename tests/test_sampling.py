@@ -13,14 +13,7 @@ from kvlab import LLM, SamplingParams
 from kvlab.request import Request
 from kvlab.sampler import make_generator, sample, sampling_probs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small ops on a shared 2-core machine: one thread avoids OpenMP contention stalls.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def req(params: SamplingParams, seed: int | None = None) -> Request:
