@@ -120,16 +120,15 @@ def run_hf_one_at_a_time(model, workload: Workload) -> Result:
 def run_hf_static_padded(model, workload: Workload, batch_size: int) -> Result:
     from transformers import GenerationConfig
 
+    from kvlab.naive_hf import left_pad
+
     outputs, held, used = [], 0, 0
     start = time.perf_counter()
     for first in range(0, len(workload.prompts), batch_size):
         prompts = workload.prompts[first : first + batch_size]
         lens = workload.output_lens[first : first + batch_size]
         width, steps = max(map(len, prompts)), max(lens)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
-        mask = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device
-        )
+        ids, mask = left_pad(prompts, device=model.device)
         config = _hf_config(GenerationConfig, steps)
         out = model.generate(ids, attention_mask=mask, generation_config=config)
         outputs += [row[:n] for row, n in zip(out[:, width:].tolist(), lens, strict=True)]

@@ -238,6 +238,17 @@ def padded_cache_slots(prompt_lens: Sequence[int], output_lens: Sequence[int]) -
 
 
 @torch.inference_mode()
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_token_id: int = 0, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch as Hugging Face ``generate`` takes it: prompts padded on the left to the
+    longest, and an attention mask that is 0 on the padding. Returns (input_ids, mask)."""
+    width = max(len(p) for p in prompts)
+    ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompts]
+    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+
+
 def generate_padded(
     model,
     prompts: Sequence[Sequence[int]],
@@ -246,9 +257,8 @@ def generate_padded(
     pad_token_id: int,
 ) -> PaddedBatch:
     """Greedy ``model.generate`` on left-padded ``prompts``; return outputs and the cache."""
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_token_id] * (width - len(p)) + list(p) for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids, mask = left_pad(prompts, pad_token_id)
+    width = ids.shape[1]
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=False,

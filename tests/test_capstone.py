@@ -7,10 +7,10 @@ equals the positions of the real ``DynamicCache``.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvlab.bench import make_workload, mismatches, run_hf_one_at_a_time
 from kvlab.capstone import hf_peak_kv_slots, run_engine
+from kvlab.naive_hf import left_pad
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 64  # every request of the workload below fits in one 64-slot reservation
@@ -70,9 +70,8 @@ def test_hf_peak_kv_slots_counts_the_dynamic_cache(tiny, workload):
     from transformers import GenerationConfig
 
     prompts, lens = workload.prompts[:3], workload.output_lens[:3]
-    width, steps = max(map(len, prompts)), max(lens)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    steps = max(lens)
+    ids, mask = left_pad(prompts)
     config = GenerationConfig(
         max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0
     )
@@ -90,3 +89,12 @@ def test_hf_peak_kv_slots_counts_the_dynamic_cache(tiny, workload):
 def test_hf_peak_kv_slots_refuses_an_empty_batch(workload):
     with pytest.raises(ValueError, match="batch_size=0"):
         hf_peak_kv_slots(workload, 0)
+
+
+def test_hf_padded_batches_match_hf_one_at_a_time(tiny, workload):
+    """The benchmark's padded-batch baseline produces the same greedy tokens."""
+    from kvlab.bench import run_hf_one_at_a_time, run_hf_static_padded
+
+    padded = run_hf_static_padded(tiny, workload, batch_size=4)
+    assert padded.outputs == run_hf_one_at_a_time(tiny, workload).outputs
+    assert 0 < padded.kv_utilization < 1  # padding and finished rows waste slots

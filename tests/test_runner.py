@@ -17,6 +17,7 @@ from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
 from kvlab.generate import greedy_generate
 from kvlab.models import chat_prompt
+from kvlab.naive_hf import left_pad
 from kvlab.runner import ModelRunner
 
 NEW_TOKENS = 64
@@ -28,9 +29,8 @@ def naive_cache(runner: ModelRunner) -> NaiveKVCache:
 
 def hf_greedy_batch(model, prompts, max_new_tokens, eos_token_id=None) -> list[list[int]]:
     """HF ``generate`` on left-padded prompts (pad id 0, masked out); output cut after EOS."""
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids, mask = left_pad(prompts)
+    width = ids.shape[1]
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_token_id, pad_token_id=0
     )
