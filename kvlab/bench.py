@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from kvlab.cache.base import ForwardBatch
+from kvlab.cache.manager import DecodeAllocation
 from kvlab.cache.paged import PagedKVCache
 from kvlab.engine import build_batch
 from kvlab.request import Request
@@ -339,15 +340,16 @@ def _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator: bool) -
     blocks_per_seq = -(-(prompt_len + num_steps + 1) // block_size)
     cache = PagedKVCache(1, 1, 1, num_blocks=num_seqs * blocks_per_seq, block_size=block_size)
     config = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
-    scheduler = Scheduler(config, cache)
+    scheduler = Scheduler(config, cache.manager)
     params = SamplingParams(temperature=0, max_tokens=num_steps + 2, ignore_eos=True)
     for i in range(num_seqs):
         prompt = [(i * 7 + j) % 1000 for j in range(prompt_len)]
         scheduler.add_request(Request(str(i), i, prompt, params))
     _fake_step(scheduler.schedule(0.0))  # admission and prefill, not timed
     if stub_allocator:
-        cache.allocate_slots = lambda seq_id, num_new_tokens, token_ids=None: None
-        cache.allocate_decode = lambda seq_ids, token_ids=None: len(seq_ids)
+        kv = cache.manager
+        kv.allocate_slots = lambda seq_id, num_new_tokens, token_ids=None: []
+        kv.allocate_decode = lambda seq_ids, token_ids=None: DecodeAllocation(len(seq_ids), [])
     times = {"schedule": 0.0, "update": 0.0, "block_table": 0.0}
     for step in range(num_steps):
         t0 = time.perf_counter()

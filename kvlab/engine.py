@@ -31,10 +31,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kvlab.cache.base import CacheFullError, ForwardBatch, KVCache
-from kvlab.cache.contiguous import ContiguousKVCache
-from kvlab.cache.contiguous_arena import reservation_size
-from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.base import ForwardBatch, PooledKVCache
+from kvlab.cache.manager import CacheFullError
+from kvlab.cache.swap import SwapSpace
 from kvlab.metrics import RequestMetrics, RunMetrics, StepStats, WallClock
 from kvlab.outputs import CompletionOutput, RequestOutput
 from kvlab.request import Request, RequestStatus
@@ -42,7 +41,6 @@ from kvlab.runner import ModelRunner
 from kvlab.sampler import make_generator, sample
 from kvlab.sampling_params import SamplingParams
 from kvlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from kvlab.swap import SwapSpace
 
 StepCallback = Callable[[StepStats], None]
 
@@ -66,7 +64,7 @@ class LLMEngine:
     def __init__(
         self,
         runner: ModelRunner,
-        cache: KVCache,
+        cache: PooledKVCache,
         scheduler_config: SchedulerConfig | None = None,
         *,
         swap_space: SwapSpace | None = None,
@@ -77,9 +75,15 @@ class LLMEngine:
         seed: int = 0,
         on_step: StepCallback | None = None,
     ) -> None:
+        if not isinstance(cache, PooledKVCache):
+            raise TypeError(
+                f"cache={cache!r} is not allowed: the engine needs a pooled cache "
+                "(kvlab.cache.PagedKVCache or ContiguousKVCache)"
+            )
         self.runner = runner
         self.cache = cache
-        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), cache, swap_space)
+        self.kv = cache.manager
+        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.kv, swap_space)
         self.swap_space = self.scheduler.swap_space
         self.clock = clock if clock is not None else WallClock()
         self.tokenizer = tokenizer
@@ -197,6 +201,7 @@ class LLMEngine:
         if self.swap_space is not None:
             self.swap_space.wait()  # blocks swapped in by earlier steps are on the device
             self.scheduler.prefetch()  # start copying back what the next step may resume
+        self.cache.copy_blocks(out.blocks_to_copy)  # copy-on-write, before anything writes
         logits = self._forward(out)  # (num_seqs, vocab_size)
         self.clock.tick()
         now = self.clock.now()
@@ -349,9 +354,7 @@ class LLMEngine:
             num_swapped=len(scheduler.swapped),
             kv_usage=usage.reserved_bytes / usage.capacity_bytes if usage.capacity_bytes else 0.0,
             kv_utilization=usage.utilization,
-            num_free_blocks=self.cache.num_free_blocks
-            if isinstance(self.cache, PagedKVCache)
-            else None,
+            num_free_blocks=self.kv.num_free_blocks,
         )
         self._num_steps += 1
         metrics = self.metrics
@@ -404,27 +407,12 @@ class LLMEngine:
                 f"context (max_model_len) is {self.max_model_len}, so a prompt may have at "
                 f"most {self.max_model_len - 1} (one output token must fit)"
             )
-        num_tokens = min(len(prompt) + params.max_tokens, self.max_model_len)
-        cache = self.cache
-        if isinstance(cache, PagedKVCache):
-            need = -(-num_tokens // cache.block_size)
-            if need > cache.num_blocks:
-                raise ValueError(
-                    f"request {request_id!r} needs {need} KV blocks ({len(prompt)} prompt + "
-                    f"{params.max_tokens} max_tokens, block_size={cache.block_size}) but the "
-                    f"KV pool has only num_blocks={cache.num_blocks}: lower max_tokens or give "
-                    "the engine more KV memory"
-                )
-        elif isinstance(cache, ContiguousKVCache):
-            need = reservation_size(
-                cache.policy, len(prompt), params.max_tokens, cache.max_model_len
+        reason = self.kv.check_request(len(prompt), params.max_tokens, self.max_model_len)
+        if reason is not None:
+            raise ValueError(
+                f"request {request_id!r}: {reason}: lower max_tokens or give the engine more "
+                "KV memory"
             )
-            if need > cache.num_slots:
-                raise ValueError(
-                    f"request {request_id!r} reserves {need} KV slots (policy "
-                    f"{cache.policy!r}) but the contiguous pool has only {cache.num_slots}: "
-                    "lower max_tokens or max_model_len, or give the engine more KV memory"
-                )
 
     def _draw_seed(self) -> int:
         """A seed for a sampled request that brings none (reproducible from the engine's)."""

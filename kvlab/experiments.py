@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.base import CacheFullError, ForwardBatch, KVCache
+from kvlab.cache.base import ForwardBatch, KVCache
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.contiguous import ContiguousKVCache
+from kvlab.cache.manager import CacheFullError
 from kvlab.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]

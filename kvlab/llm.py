@@ -29,6 +29,7 @@ from kvlab.batched_attention import BatchedTorchAttention
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.contiguous_arena import POLICIES as RESERVATION_POLICIES
 from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.swap import SwapSpace
 from kvlab.engine import LLMEngine
 from kvlab.memory import GIB
 from kvlab.metrics import StepStats
@@ -37,7 +38,6 @@ from kvlab.outputs import RequestOutput
 from kvlab.runner import ModelRunner
 from kvlab.sampling_params import SamplingParams
 from kvlab.scheduler import SchedulerConfig
-from kvlab.swap import SwapSpace
 
 KV_CACHES = ("paged", "contiguous")
 DEFAULT_CPU_KV_BYTES = GIB
@@ -120,7 +120,7 @@ class LLM:
             preemption_mode=preemption_mode,
         )
         scheduler_config = SchedulerConfig(
-            policy=scheduling,
+            scheduling=scheduling,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             batch_timeout=batch_timeout,

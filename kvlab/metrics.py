@@ -143,7 +143,8 @@ class StepStats:
         num_running, num_waiting, num_swapped: queue depths after the step.
         kv_usage: share of the KV pool held by sequences after the step (0..1).
         kv_utilization: share of the held KV memory that holds tokens (used / reserved).
-        num_free_blocks: blocks allocatable now, cached ones included (paged; else None).
+        num_free_blocks: KV units allocatable now: blocks, cached ones included (paged), or
+            slots (contiguous).
     """
 
     step: int
@@ -161,7 +162,7 @@ class StepStats:
     num_swapped: int
     kv_usage: float
     kv_utilization: float
-    num_free_blocks: int | None
+    num_free_blocks: int
 
 
 # ---- per run -------------------------------------------------------------------------------

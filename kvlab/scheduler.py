@@ -1,6 +1,6 @@
 """The batch scheduler: each step, which requests run and how many of their tokens.
 
-Three ways to form batches (``SchedulerConfig.policy``), from the seed article's "static
+Three ways to form batches (``SchedulerConfig.scheduling``), from the seed article's "static
 vs dynamic batching" to what vLLM and every modern server do:
 
     static      a batch of up to max_num_seqs requests is admitted together and runs to
@@ -34,7 +34,7 @@ Preemption (``preemption_mode``) takes the blocks of the newest running request:
     recompute   free its blocks and requeue it at the head of the waiting queue; its prompt
                 and the tokens generated so far are computed again as one longer prompt
                 (often cheaply: its full blocks are still in the prefix cache);
-    swap        copy its blocks to a CPU pool (``kvlab.swap``), free them, and copy them
+    swap        copy its blocks to a CPU pool (``kvlab.cache.swap``), free them, and copy them
                 back later. The swap-in is started a step ahead when memory allows
                 (``prefetch``), the seed article's Prefetch Engine.
 
@@ -53,14 +53,15 @@ import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from kvlab.cache.base import CacheFullError, KVCache
-from kvlab.cache.contiguous import ContiguousKVCache
-from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.manager import CacheFullError, KVCacheManager
 from kvlab.request import Request, RequestStatus
-from kvlab.swap import SwapSpace
 
-POLICIES = ("static", "dynamic", "continuous")
+if TYPE_CHECKING:
+    from kvlab.cache.swap import SwapSpace
+
+SCHEDULING_MODES = ("static", "dynamic", "continuous")
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -70,7 +71,7 @@ class SchedulerConfig:
     """How the scheduler forms batches; every field is checked when the config is made.
 
     Attributes:
-        policy: ``"static"``, ``"dynamic"`` or ``"continuous"`` (see the module docstring).
+        scheduling: ``"static"``, ``"dynamic"`` or ``"continuous"`` (see the module docstring).
         max_num_seqs: sequences that may run at once (the seed article's max_batch_size).
             A request with ``n`` samples takes ``n`` seats.
         max_num_batched_tokens: the token budget of one step (continuous only). Static and
@@ -91,7 +92,7 @@ class SchedulerConfig:
             the lowest-priority running request).
     """
 
-    policy: str = "continuous"
+    scheduling: str = "continuous"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     batch_timeout: float = 0.02
@@ -100,14 +101,14 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
-        _check_choice("policy", self.policy, POLICIES)
+        _check_choice("scheduling", self.scheduling, SCHEDULING_MODES)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} is not allowed: use an int >= 1")
-        if self.policy == "continuous" and self.max_num_batched_tokens < self.max_num_seqs:
+        if self.scheduling == "continuous" and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is not allowed with "
                 f"max_num_seqs={self.max_num_seqs}: use at least max_num_seqs, so every "
@@ -138,6 +139,8 @@ class SchedulerOutput:
         admitted: requests that got their first blocks this step (new or recomputed).
         preempted: requests that lost their blocks this step (both modes).
         swapped_out, swapped_in: the subset that went to / came back from the CPU pool.
+        blocks_to_copy: ``(src, dst)`` blocks whose K/V the storage must copy before the
+            step runs (copy-on-write), in order.
     """
 
     requests: list[Request] = field(default_factory=list)
@@ -146,6 +149,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     swapped_out: list[Request] = field(default_factory=list)
     swapped_in: list[Request] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -169,8 +173,9 @@ class Scheduler:
     """Decides every step who runs; allocates their KV slots; preempts when blocks run out.
 
     Args:
-        config: the batching policy and its limits.
-        cache: a ``PagedKVCache`` or a ``ContiguousKVCache``.
+        config: how batches are formed, and their limits.
+        kv: the KV bookkeeping (``kvlab.cache.manager.KVCacheManager``): the scheduler
+            asks it whether a request fits and takes slots from it, and never sees a tensor.
         swap_space: the CPU block pool, for ``preemption_mode="swap"``.
 
     Attributes:
@@ -180,22 +185,26 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: SchedulerConfig, cache: KVCache, swap_space: SwapSpace | None = None
+        self, config: SchedulerConfig, kv: KVCacheManager, swap_space: SwapSpace | None = None
     ) -> None:
         if config.preemption_mode == "swap" and swap_space is None:
-            raise ValueError("preemption_mode='swap' needs a swap_space (kvlab.swap.SwapSpace)")
+            raise ValueError(
+                "preemption_mode='swap' needs a swap_space (kvlab.cache.swap.SwapSpace)"
+            )
+        if not isinstance(kv, KVCacheManager):
+            raise TypeError(
+                f"kv={kv!r} is not allowed: the scheduler needs a kvlab.cache.KVCacheManager "
+                "(a tensor cache has one as its .manager)"
+            )
         self.config = config
-        self.cache = cache
-        self.memory = _memory_for(cache, config.page_reuse_threshold)
+        self.kv = kv
         self.swap_space = swap_space if config.preemption_mode == "swap" else None
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.num_seats = 0  # running sequences, plus the seats reserved for forks
         self._batch: set[int] = set()  # static/dynamic: seq_ids of the batch in progress
-        self._continuous = config.policy == "continuous"
-        # A paged cache allocates a whole decode step in one call (allocate_decode).
-        self._decode_batches = isinstance(cache, PagedKVCache)
+        self._continuous = config.scheduling == "continuous"
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -238,7 +247,7 @@ class Scheduler:
     def finish(self, request: Request) -> None:
         """Release a finished (or aborted) request's memory and seat."""
         if request.status is RequestStatus.RUNNING:
-            self.cache.free(request.seq_id)
+            self.kv.free(request.seq_id)
             self.num_seats -= _seats(request)
             self.running.remove(request)
         elif request.status is RequestStatus.SWAPPED:
@@ -253,7 +262,7 @@ class Scheduler:
         if not finished:
             return
         for request in finished:
-            self.cache.free(request.seq_id)
+            self.kv.free(request.seq_id)
             self.num_seats -= _seats(request)
             request.status = RequestStatus.FINISHED
             self._batch.discard(request.seq_id)
@@ -261,7 +270,7 @@ class Scheduler:
 
     def next_wakeup(self) -> float | None:
         """When a dynamic batch times out (the engine idles until then), else None."""
-        if self.config.policy != "dynamic" or self._batch or not self.waiting:
+        if self.config.scheduling != "dynamic" or self._batch or not self.waiting:
             return None
         return self.waiting.oldest_arrival() + self.config.batch_timeout
 
@@ -284,8 +293,8 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: float) -> float:
         # NOTE: this loop runs for every running sequence every step; it is written for
         # speed (locals, no helper calls on the path where the allocation succeeds).
-        allocate = self.cache.allocate_slots
-        requests, nums = out.requests, out.num_new_tokens
+        allocate = self.kv.allocate_slots
+        requests, nums, copies = out.requests, out.num_new_tokens, out.blocks_to_copy
         running = RequestStatus.RUNNING
         todo = list(self.running)
         index = 0
@@ -297,7 +306,7 @@ class Scheduler:
             start = request.num_computed_tokens
             token_ids = request.token_ids
             num_new = len(token_ids) - start
-            if num_new == 1 and self._decode_batches and budget >= 1:
+            if num_new == 1 and budget >= 1:
                 index, budget = self._schedule_decodes(out, todo, index - 1, budget)
                 continue
             if num_new > budget:
@@ -305,7 +314,7 @@ class Scheduler:
                 if num_new == 0:
                     break
             try:
-                allocate(request.seq_id, num_new, token_ids[start : start + num_new])
+                copies += allocate(request.seq_id, num_new, token_ids[start : start + num_new])
             except CacheFullError:
                 if not self._preempt_until_fits(request, num_new, out):
                     continue  # it preempted itself
@@ -341,7 +350,9 @@ class Scheduler:
                 token_ids.append(ids[start])
                 where.append(index)
             index += 1
-        num_allocated = self.cache.allocate_decode(seq_ids, token_ids)
+        result = self.kv.allocate_decode(seq_ids, token_ids)
+        num_allocated = result.num_allocated
+        out.blocks_to_copy += result.copies
         out.requests.extend(batch[:num_allocated])
         out.num_new_tokens.extend([1] * num_allocated)
         budget -= num_allocated
@@ -366,7 +377,7 @@ class Scheduler:
                 if victim is request:
                     return False
             try:
-                self.cache.allocate_slots(request.seq_id, num_new, token_ids)
+                out.blocks_to_copy += self.kv.allocate_slots(request.seq_id, num_new, token_ids)
                 return True
             except CacheFullError:
                 pass
@@ -388,6 +399,10 @@ class Scheduler:
             and victim.num_computed_tokens
             and swap.can_swap_out(victim.num_computed_tokens)
         ):
+            # The victim may have run earlier in this step (priority mode): its blocks must
+            # hold their copies before they are swapped out.
+            swap.copy_blocks(out.blocks_to_copy)
+            out.blocks_to_copy.clear()
             swap.swap_out(victim.seq_id, victim.num_computed_tokens)
             victim.status = RequestStatus.SWAPPED
             self.swapped.append(victim)
@@ -395,7 +410,7 @@ class Scheduler:
             out.swapped_out.append(victim)
             return
         # Recompute (also the fallback when the CPU pool is full).
-        self.cache.free(victim.seq_id)
+        self.kv.free(victim.seq_id)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.WAITING
         self.waiting.push_front(victim)
@@ -413,7 +428,7 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             start = request.num_computed_tokens
             try:
-                self.cache.allocate_slots(
+                out.blocks_to_copy += self.kv.allocate_slots(
                     request.seq_id, num_new, request.token_ids[start : start + num_new]
                 )
             except CacheFullError:
@@ -444,18 +459,19 @@ class Scheduler:
         for request in candidates:
             if budget <= 0 or self.num_seats + _seats(request) > self.config.max_num_seqs:
                 break
-            num_hit = self.memory.try_admit(request, budget, bool(self.running))
-            if num_hit is None:
+            admission = self.kv.admit(
+                request.seq_id,
+                request.token_ids,
+                token_budget=budget,
+                max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
+                # The reserve does not apply when nothing runs: a request that fits alone
+                # is never starved.
+                watermark=self.config.page_reuse_threshold if self.running else 0.0,
+            )
+            if admission is None:
                 break
+            num_hit, num_new = admission
             self._count_prefix_lookup(request, num_hit)
-            num_new = min(request.num_tokens - num_hit, budget)
-            try:
-                self.cache.allocate_slots(
-                    request.seq_id, num_new, request.token_ids[num_hit : num_hit + num_new]
-                )
-            except CacheFullError:  # not expected: try_admit counted the blocks
-                self.cache.free(request.seq_id)
-                break
             request.num_computed_tokens = num_hit
             admitted.append(request)
             request.status = RequestStatus.RUNNING
@@ -475,7 +491,7 @@ class Scheduler:
     def _batch_is_ready(self, now: float) -> bool:
         """Static: a batch starts as soon as the last one is done. Dynamic: also when full
         or when the oldest waiting request has waited ``batch_timeout`` seconds."""
-        if self.config.policy == "static":
+        if self.config.scheduling == "static":
             return True
         if len(self.waiting) >= self.config.max_num_seqs:
             return True
@@ -512,9 +528,9 @@ class Scheduler:
             seats += _seats(request)
             if swap.is_resident(request.seq_id):
                 continue
-            need = swap.blocks_for(request.num_tokens)
-            spare = len(self.running) + self.memory.reserve
-            if self.memory.num_free_blocks - need < spare:
+            need = self.kv.blocks_for(request.num_tokens)
+            spare = len(self.running) + self.kv.watermark_blocks(self.config.page_reuse_threshold)
+            if self.kv.num_free_blocks - need < spare:
                 break
             try:
                 swap.swap_in(request.seq_id, request.token_ids[: request.num_computed_tokens])
@@ -545,26 +561,26 @@ class Scheduler:
 class WaitingQueue:
     """The waiting requests, in FCFS or priority order; preempted ones go back to the head."""
 
-    def __init__(self, policy: str = "fcfs") -> None:
-        self.policy = policy
+    def __init__(self, scheduling_policy: str = "fcfs") -> None:
+        self.scheduling_policy = scheduling_policy
         self._fcfs: deque[Request] = deque()
         self._heap: list[tuple[int, float, int, Request]] = []
         self._order = itertools.count()
 
     def __len__(self) -> int:
-        return len(self._fcfs) if self.policy == "fcfs" else len(self._heap)
+        return len(self._fcfs) if self.scheduling_policy == "fcfs" else len(self._heap)
 
     def __bool__(self) -> bool:
         return len(self) > 0
 
     def __iter__(self) -> Iterator[Request]:
         """Requests in the order they would be admitted (do not push or remove meanwhile)."""
-        if self.policy == "fcfs":
+        if self.scheduling_policy == "fcfs":
             return iter(self._fcfs)
         return iter([entry[-1] for entry in sorted(self._heap, key=lambda e: e[:3])])
 
     def push(self, request: Request) -> None:
-        if self.policy == "fcfs":
+        if self.scheduling_policy == "fcfs":
             self._fcfs.append(request)
         else:
             key = (request.priority, request.arrival_time, next(self._order), request)
@@ -572,13 +588,13 @@ class WaitingQueue:
 
     def push_front(self, request: Request) -> None:
         """A preempted request: first in FCFS; in priority order by its priority and age."""
-        if self.policy == "fcfs":
+        if self.scheduling_policy == "fcfs":
             self._fcfs.appendleft(request)
         else:
             self.push(request)
 
     def remove(self, request: Request) -> None:
-        if self.policy == "fcfs":
+        if self.scheduling_policy == "fcfs":
             if self._fcfs and self._fcfs[0] is request:
                 self._fcfs.popleft()
             else:
@@ -591,7 +607,7 @@ class WaitingQueue:
         heapq.heapify(self._heap)
 
     def oldest_arrival(self) -> float:
-        requests = self._fcfs if self.policy == "fcfs" else [e[-1] for e in self._heap]
+        requests = self._fcfs if self.scheduling_policy == "fcfs" else [e[-1] for e in self._heap]
         return min(r.arrival_time for r in requests)
 
 
@@ -606,68 +622,3 @@ def _seats(request: Request) -> int:
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not allowed: use one of {choices}")
-
-
-# ---- the scheduler's view of KV memory -------------------------------------------------------
-
-
-class _PagedMemory:
-    """Admission for a paged cache: prefix-cache hits first, then blocks above the watermark."""
-
-    def __init__(self, cache: PagedKVCache, threshold: float) -> None:
-        self.cache = cache
-        self.manager = cache.manager
-        self.reserve = math.ceil(threshold * cache.num_blocks)  # blocks kept reusable
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.manager.num_free_blocks
-
-    def try_admit(self, request: Request, budget: float, anything_running: bool) -> int | None:
-        """Register ``request`` in the cache if its next tokens fit; None if not.
-
-        Returns:
-            prompt tokens already computed, found in the prefix cache.
-        """
-        manager = self.manager
-        hits = manager.lookup_prefix(request.token_ids)
-        num_hit = len(hits) * manager.block_size
-        num_new = min(request.num_tokens - num_hit, budget)
-        new_blocks = -(-(num_hit + num_new) // manager.block_size) - len(hits)
-        revived = sum(1 for b in hits if manager.pool.ref_cnt[b] == 0)  # leave the free queue
-        left = manager.num_free_blocks - new_blocks - revived
-        if left < 0 or (anything_running and left < self.reserve):
-            return None
-        return self.cache.add_request(request.seq_id, request.token_ids)
-
-
-class _ContiguousMemory:
-    """Admission for a contiguous cache: the whole reservation must fit in one hole."""
-
-    def __init__(self, cache: ContiguousKVCache, threshold: float) -> None:
-        self.cache = cache
-        self.threshold = threshold
-        self.reserve = 0
-        self.num_free_blocks = 0  # nothing to prefetch into: no swapping here
-
-    def try_admit(self, request: Request, budget: float, anything_running: bool) -> int | None:
-        remaining = request.sampling_params.max_tokens - len(request.output_token_ids)
-        try:
-            self.cache.add_request(request.seq_id, request.token_ids, max_tokens=remaining)
-        except CacheFullError:
-            return None
-        arena = self.cache.arena
-        if anything_running and arena.num_free_slots < self.threshold * arena.num_slots:
-            self.cache.free(request.seq_id)
-            return None
-        return 0
-
-
-def _memory_for(cache: KVCache, threshold: float):
-    if isinstance(cache, PagedKVCache):
-        return _PagedMemory(cache, threshold)
-    if isinstance(cache, ContiguousKVCache):
-        return _ContiguousMemory(cache, threshold)
-    raise TypeError(
-        f"the scheduler needs a PagedKVCache or a ContiguousKVCache, got {type(cache).__name__}"
-    )

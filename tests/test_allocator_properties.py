@@ -19,10 +19,13 @@ lists (same padded block tables, same slot mappings).
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
+import os
 import random
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -44,12 +47,24 @@ CONTIGUOUS_SLOTS, MAX_MODEL_LEN = 48, 24
 # Prompts are made of these 4-token segments, so different prompts share whole blocks, at
 # the same or at different positions ([S0][S1] and [S2][S1] share a block, not a prefix).
 SEGMENTS = [[11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34], [41, 42, 43, 44]]
-SETTINGS = settings(
-    max_examples=50,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+# Up to 40 random operations per run (about 32 on average): 50 runs locally (about 1,600
+# operations per allocator, a few seconds), 400 in CI (about 13,000; at least 10,000 is
+# checked below). CI sets CI=true; HYPOTHESIS_PROFILE overrides.
+STEPS_PER_RUN = 40
+MIN_OPERATIONS = {"dev": 1_000, "ci": 10_000}
+for _name, _runs in (("dev", 50), ("ci", 400)):
+    settings.register_profile(
+        _name,
+        max_examples=_runs,
+        stateful_step_count=STEPS_PER_RUN,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+SETTINGS = settings.get_profile(PROFILE)
+
+# Operations each machine ran in this session (invariants run after every one).
+OPERATIONS: collections.Counter[str] = collections.Counter()
 
 _kv_memo: dict[int, torch.Tensor] = {}
 
@@ -164,6 +179,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         del self.seqs[seq_id]
 
     # ---- checks ------------------------------------------------------------------------
+
+    @invariant()
+    def count_the_operation(self):
+        OPERATIONS[type(self).__name__] += 1
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self):
@@ -311,6 +330,11 @@ class PagedMachine(AllocatorMachine):
         free = pool.free_block_ids()
         assert len(free) == len(set(free)), "a block is in the free queue twice"
         assert set(free) == {b for b in range(NUM_BLOCKS) if pool.ref_cnt[b] == 0}
+        # The usage counters, kept as operations happen, equal a walk over the blocks.
+        usage = self.cache.manager.usage()
+        filled = self.cache._filled_per_block()
+        assert usage.num_reserved_slots == len(holders) * self.cache.block_size
+        assert usage.num_used_slots == sum(filled.values())
         for block_id, block_hash in enumerate(pool.block_hash):
             if block_hash is not None:
                 assert pool.lookup(block_hash) == block_id
@@ -362,6 +386,11 @@ class ContiguousMachine(AllocatorMachine):
             assert left.start + left.num_slots <= right.start, "two ranges overlap"
         assert sum(r.num_slots for r in ranges) == arena.num_reserved_slots
         assert sum(r.num_tokens for r in ranges) == arena.num_used_slots
+        usage = self.cache.manager.usage()
+        assert (usage.num_reserved_slots, usage.num_used_slots) == (
+            arena.num_reserved_slots,
+            arena.num_used_slots,
+        )
         assert sum(n for _, n in arena.holes()) == arena.num_free_slots
         assert all(r.num_tokens <= r.num_slots for r in ranges)
         assert all(0 <= r.start and r.start + r.num_slots <= CONTIGUOUS_SLOTS for r in ranges)
@@ -371,3 +400,12 @@ TestPagedProperties = PagedMachine.TestCase
 TestPagedProperties.settings = SETTINGS
 TestContiguousProperties = ContiguousMachine.TestCase
 TestContiguousProperties.settings = SETTINGS
+
+
+def test_each_allocator_ran_enough_random_operations():
+    """The CI profile drives at least 10,000 random operations through each allocator."""
+    if not OPERATIONS:
+        pytest.skip("the state machines did not run in this session")
+    floor = MIN_OPERATIONS[PROFILE]
+    for machine in ("PagedMachine", "ContiguousMachine"):
+        assert OPERATIONS[machine] >= floor, (machine, OPERATIONS[machine])

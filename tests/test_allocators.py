@@ -6,6 +6,7 @@ slots and blocks, every sequence must read back exactly its own tokens.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -483,10 +484,13 @@ def test_allocate_decode_hashes_the_block_it_fills():
     manager = BlockManager(num_blocks=4, block_size=2)
     manager.allocate_slots(0, 1, token_ids=[1])
     result = manager.allocate_decode([0], [2])  # fills block 0 in place: no new block
-    assert (result.num_allocated, result.changed, result.copies) == (1, [], [])
+    assert (result.num_allocated, result.copies) == (1, [])
     assert manager.lookup_prefix([1, 2, 3]) == manager.block_table(0) == [0]
     result = manager.allocate_decode([0], [3])  # block 0 is full: a new block
-    assert result.changed == [(0, 1, 1)] and manager.block_table(0) == [0, 1]
+    assert manager.block_table(0) == [0, 1]
+    row = manager.rows.rows([0])
+    assert manager.rows.gather(row, np.array([2])).tolist() == [[0, 1]]  # the mirror too
+    assert manager.rows.num_tokens[row].tolist() == [3]
 
 
 def test_allocate_decode_copies_a_shared_last_block():

@@ -272,7 +272,7 @@ def test_percentile():
         ({"max_num_seqs": 0}, "max_num_seqs=0"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens=0"),
         ({"kv_cache": "ring"}, "kv_cache='ring'"),
-        ({"scheduling": "eager"}, "policy='eager'"),
+        ({"scheduling": "eager"}, "scheduling='eager'"),
         ({"batch_timeout": -1}, "batch_timeout=-1"),
         ({"page_reuse_threshold": 1.5}, "page_reuse_threshold=1.5"),
         ({"attention_backend": "flash"}, "attention_backend='flash'"),

@@ -22,7 +22,6 @@ from kvlab.replay import (
     on_time_grid,
     replay,
 )
-from kvlab.scheduler import Scheduler, SchedulerConfig
 from kvlab.simulator import make_trace
 
 STEP = 0.025
@@ -195,7 +194,6 @@ def test_exercise_watermark_uses_the_schedulers_reserve():
     )
 
     cache = PagedKVCache(1, 1, 2, num_blocks=_WATERMARK_NUM_BLOCKS, block_size=4, device="cpu")
-    config = SchedulerConfig(page_reuse_threshold=_WATERMARK_THRESHOLD)
-    reserve = Scheduler(config, cache).memory.reserve
+    reserve = cache.manager.watermark_blocks(_WATERMARK_THRESHOLD)
     assert reserve == math.ceil(_WATERMARK_THRESHOLD * _WATERMARK_NUM_BLOCKS)
     assert EXERCISES["04.watermark"].answer() == _WATERMARK_PROMPT_BLOCKS + reserve

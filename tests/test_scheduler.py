@@ -9,10 +9,10 @@ import pytest
 
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.swap import SwapSpace
 from kvlab.request import Request, RequestStatus
 from kvlab.sampling_params import SamplingParams
 from kvlab.scheduler import Scheduler, SchedulerConfig, WaitingQueue
-from kvlab.swap import SwapSpace
 
 
 def paged(num_blocks=64, block_size=4) -> PagedKVCache:
@@ -57,10 +57,10 @@ class Driver:
         return [i for i, step in enumerate(self.log) if any(s == seq_id for s, _ in step)]
 
 
-def make(policy="continuous", cache=None, **kwargs):
+def make(scheduling="continuous", cache=None, **kwargs):
     swap = kwargs.pop("swap", None)
-    config = SchedulerConfig(policy=policy, **kwargs)
-    return Scheduler(config, cache or paged(), swap)
+    config = SchedulerConfig(scheduling=scheduling, **kwargs)
+    return Scheduler(config, (cache or paged()).manager, swap)
 
 
 # ---- who runs when -------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_contiguous_cache_admits_only_what_its_reservations_fit():
     assert [r.seq_id for r in out.requests] == [0, 1]
     driver = Driver(scheduler)
     driver.run()
-    assert scheduler.waiting.policy == "fcfs" and not scheduler.has_unfinished()
+    assert scheduler.waiting.scheduling_policy == "fcfs" and not scheduler.has_unfinished()
 
 
 # ---- configuration ---------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_contiguous_cache_admits_only_what_its_reservations_fit():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"policy": "fifo"}, "policy='fifo'"),
+        ({"scheduling": "fifo"}, "scheduling='fifo'"),
         ({"max_num_seqs": 0}, "max_num_seqs=0"),
         ({"max_num_batched_tokens": -5}, "max_num_batched_tokens=-5"),
         ({"max_num_seqs": 8, "max_num_batched_tokens": 4}, "max_num_batched_tokens=4"),
@@ -284,7 +284,7 @@ def test_config_errors_name_the_parameter_and_value(kwargs, message):
 
 def test_swap_mode_needs_a_swap_space():
     with pytest.raises(ValueError, match="swap_space"):
-        Scheduler(SchedulerConfig(preemption_mode="swap"), paged())
+        Scheduler(SchedulerConfig(preemption_mode="swap"), paged().manager)
     with pytest.raises(ValueError, match="PagedKVCache"):
         SwapSpace(ContiguousKVCache(1, 1, 2, num_slots=8, device="cpu"), 4)
 

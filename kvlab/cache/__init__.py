@@ -1,16 +1,22 @@
-"""Where K and V live: the interface (``base``) and the allocators that implement it.
+"""Where K and V live, and who owns which slot.
 
-Lesson ladder: ``naive`` (one growing tensor per sequence) -> ``contiguous`` (one range
-reserved per request; ``contiguous_arena`` does the bookkeeping) -> ``paged`` (blocks from
-a shared pool; ``block_pool`` and ``block_manager`` do the bookkeeping, in pure Python, so
-``kvlab.simulator`` reuses them).
+Two halves. Bookkeeping, plain Python: ``manager`` is the interface the scheduler talks to
+(admit, allocate_slots, fork, free, usage), ``contiguous_manager`` (over
+``contiguous_arena``) and ``block_manager`` (over ``block_pool``, with ``block_table``'s
+rows) implement it, and ``kvlab.simulator`` reuses them. Storage, torch: ``base`` is the
+interface the model runner reads and writes through; ``naive`` (one growing tensor per
+sequence), ``contiguous`` and ``paged`` (one preallocated pool, bookkeeping in a manager).
+
+Lesson ladder: naive -> contiguous -> paged.
 """
 
-from kvlab.cache.base import BlockInfo, CacheFullError, CacheUsage, ForwardBatch, KVCache
+from kvlab.cache.base import BlockInfo, CacheUsage, ForwardBatch, KVCache, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool, hash_block_tokens
 from kvlab.cache.contiguous import ContiguousKVCache, num_slots_for_budget
 from kvlab.cache.contiguous_arena import POLICIES, ContiguousArena, reservation_size
+from kvlab.cache.contiguous_manager import ContiguousManager
+from kvlab.cache.manager import CacheFullError, DecodeAllocation, KVCacheManager, KVUsage
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache, PagedMetadata, num_blocks_for_budget
 
@@ -23,11 +29,16 @@ __all__ = [
     "CacheUsage",
     "ContiguousArena",
     "ContiguousKVCache",
+    "ContiguousManager",
+    "DecodeAllocation",
     "ForwardBatch",
     "KVCache",
+    "KVCacheManager",
+    "KVUsage",
     "NaiveKVCache",
     "PagedKVCache",
     "PagedMetadata",
+    "PooledKVCache",
     "hash_block_tokens",
     "num_blocks_for_budget",
     "num_slots_for_budget",

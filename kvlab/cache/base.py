@@ -22,8 +22,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from kvlab.cache.manager import KVCacheManager
 
 
 @dataclass
@@ -74,10 +78,6 @@ class ForwardBatch:
         return int(self.query_start_loc[-1])
 
 
-class CacheFullError(RuntimeError):
-    """A cache cannot hold the tokens asked for; the message says why. Nothing was changed."""
-
-
 class KVCache(ABC):
     """Storage for the keys and values of many sequences, for every layer.
 
@@ -122,6 +122,49 @@ class KVCache(ABC):
         """How much of this cache's memory is reserved, and how much holds live tokens."""
 
 
+class PooledKVCache(KVCache):
+    """A cache whose K/V live in one preallocated pool per layer, its bookkeeping in a manager.
+
+    The paged and contiguous caches are this: the scheduler plans with ``manager`` (a
+    ``kvlab.cache.manager.KVCacheManager``, no tensors), and the storage here applies the
+    block copies the manager asks for and serves the runner's reads and writes.
+
+    Attributes:
+        manager: the bookkeeping.
+        kv_caches: per layer, one tensor whose dim 1 indexes the manager's blocks.
+    """
+
+    manager: KVCacheManager
+    kv_caches: list[torch.Tensor]
+    device: torch.device
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """K and V bytes of one token, all layers."""
+        element = self.kv_caches[0].element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.manager
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.manager.num_tokens(seq_id)
+
+    def free(self, seq_id: int) -> None:
+        self.manager.free(seq_id)
+
+    def usage(self) -> CacheUsage:
+        return CacheUsage.of(self.manager.usage(), self.bytes_per_slot)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Give each ``dst`` block the K/V of its ``src`` block (copy-on-write, fork)."""
+        if not copies:
+            return
+        src, dst = (torch.tensor(ids, device=self.device) for ids in zip(*copies, strict=True))
+        for kv in self.kv_caches:
+            kv[:, dst] = kv[:, src]
+
+
 @dataclass(frozen=True)
 class CacheUsage:
     """A cache's memory at one moment, in bytes of K/V (all layers).
@@ -135,6 +178,15 @@ class CacheUsage:
     capacity_bytes: int
     reserved_bytes: int
     used_bytes: int
+
+    @classmethod
+    def of(cls, usage, bytes_per_slot: int) -> CacheUsage:
+        """The bytes of a ``kvlab.cache.manager.KVUsage`` (counted in slots)."""
+        return cls(
+            capacity_bytes=usage.num_slots * bytes_per_slot,
+            reserved_bytes=usage.num_reserved_slots * bytes_per_slot,
+            used_bytes=usage.num_used_slots * bytes_per_slot,
+        )
 
     @property
     def utilization(self) -> float:

@@ -8,15 +8,19 @@ Token ``pos`` lives in slot ``block_table[pos // block_size] * block_size + pos 
     block_table:  [     7     ][      2     ][       9         ]
     slots:        112..127      32..47        144..149 (+10 free slots in block 9)
 
-What this manager does, all in pure Python (the simulator reuses it without tensors):
+``BlockManager`` is the paged implementation of ``kvlab.cache.manager.KVCacheManager``,
+the bookkeeping the scheduler talks to. What it does, with no tensor (the simulator
+reuses it as it is):
 
 * growth: a sequence takes one more block only when its last block is full;
 * fork: a child shares all of its parent's blocks (``ref_cnt += 1``), for parallel sampling;
 * copy-on-write: before a sequence writes into a block that someone else also holds, it
-  gets a private copy; ``allocate_slots`` returns the ``(src, dst)`` pairs the tensor cache
+  gets a private copy; ``allocate_slots`` returns the ``(src, dst)`` pairs the storage
   must copy, so a shared block is never written in place;
 * prefix caching: full blocks get a chained ``block_hash`` from their token ids, and a new
-  prompt adopts the cached blocks of its longest matching prefix.
+  prompt adopts the cached blocks of its longest matching prefix;
+* usage counters kept as blocks come and go, and a mirror of every block table as rows of
+  one array (``kvlab.cache.block_table``) for building a step's metadata fast.
 
 Not handled: the K/V tensors (``kvlab.cache.paged``), swapping blocks to the CPU, sliding
 windows, and prefix hits on partial blocks (only full blocks are hashed).
@@ -24,12 +28,12 @@ windows, and prefix hits on partial blocks (only full blocks are hashed).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvlab.cache.base import CacheFullError
 from kvlab.cache.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.cache.block_table import BlockTableRows
+from kvlab.cache.manager import CacheFullError, DecodeAllocation, KVCacheManager, KVUsage
 
 MAX_BLOCK_SIZE = 256
 
@@ -52,31 +56,16 @@ class SequenceBlocks:
     block_hashes: list[int] = field(default_factory=list)
 
 
-@dataclass
-class DecodeAllocation:
-    """What ``BlockManager.allocate_decode`` did.
-
-    Attributes:
-        num_allocated: the leading sequences that got their slot (all, unless the pool ran
-            out: then the next one did not fit, and it and the rest are unchanged).
-        changed: ``(seq_id, logical_index, block_id)`` for each block table entry that
-            changed. One token changes at most one entry, the last: a new block, or the
-            private copy of a shared one.
-        copies: ``(src, dst)`` blocks to copy before writing, as from ``allocate_slots``.
-    """
-
-    num_allocated: int
-    changed: list[tuple[int, int, int]]
-    copies: list[tuple[int, int]]
-
-
-class BlockManager:
+class BlockManager(KVCacheManager):
     """Per-sequence block tables over one ``BlockPool``: grow, fork, copy-on-write, prefix hits.
 
     Args:
         num_blocks: physical blocks in the pool.
         block_size: token slots per block, 1 to 256.
         enable_prefix_caching: hash full blocks and let new prompts adopt cached ones.
+
+    Attributes:
+        rows: every live sequence's block table as a row of one int32 array.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
@@ -85,15 +74,14 @@ class BlockManager:
                 f"block_size must be an int from 1 to {MAX_BLOCK_SIZE}, got {block_size!r}"
             )
         self.pool = BlockPool(num_blocks)
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.rows = BlockTableRows(block_size)
         self._seqs: dict[int, SequenceBlocks] = {}
+        self._num_used_slots = 0  # tokens in held blocks, a shared block counted once
 
     # ---- queries -------------------------------------------------------------------------
-
-    @property
-    def num_blocks(self) -> int:
-        return self.pool.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -111,6 +99,13 @@ class BlockManager:
 
     def num_tokens(self, seq_id: int) -> int:
         return self._seq(seq_id).num_tokens
+
+    def usage(self) -> KVUsage:
+        return KVUsage(
+            num_slots=self.num_blocks * self.block_size,
+            num_reserved_slots=self.pool.num_held_blocks * self.block_size,
+            num_used_slots=self._num_used_slots,
+        )
 
     def num_blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
         """Free blocks ``allocate_slots(seq_id, num_new_tokens)`` would take, copies included."""
@@ -146,10 +141,25 @@ class BlockManager:
         blocks, _ = self._match_prefix(token_ids)
         return blocks
 
+    def num_cached_tokens(self, token_ids: Sequence[int]) -> int:
+        return len(self.lookup_prefix(token_ids)) * self.block_size
+
+    def blocks_to_admit(
+        self, token_ids: Sequence[int], num_computed: int, num_new: int, max_tokens: int
+    ) -> int:
+        hits = self.lookup_prefix(token_ids)
+        new_blocks = self.blocks_for(num_computed + num_new) - len(hits)
+        revived = sum(1 for b in hits if self.pool.ref_cnt[b] == 0)  # they leave the free queue
+        return new_blocks + revived
+
     # ---- changes -------------------------------------------------------------------------
 
-    def add_sequence(self, seq_id: int, prompt_token_ids: Sequence[int] = ()) -> int:
+    def add_sequence(
+        self, seq_id: int, token_ids: Sequence[int] = (), max_tokens: int | None = None
+    ) -> int:
         """Register a new sequence, adopting the cached blocks of its prompt's prefix.
+
+        ``max_tokens`` is unused: paged memory grows on demand.
 
         Returns:
             num_computed_tokens: prompt tokens whose K/V are already in the adopted blocks;
@@ -157,16 +167,20 @@ class BlockManager:
         """
         if seq_id in self._seqs:
             raise ValueError(f"seq {seq_id} already exists")
-        blocks, hashes = self._match_prefix(prompt_token_ids)
+        blocks, hashes = self._match_prefix(token_ids)
         for block_id in blocks:
+            if self.pool.ref_cnt[block_id] == 0:
+                self._num_used_slots += self.block_size  # a cached, full block comes back
             self.pool.take_cached(block_id)
         num_computed = len(blocks) * self.block_size
         self._seqs[seq_id] = SequenceBlocks(
             block_table=blocks,
             num_tokens=num_computed,
-            token_ids=list(prompt_token_ids[:num_computed]) if self.enable_prefix_caching else None,
+            token_ids=list(token_ids[:num_computed]) if self.enable_prefix_caching else None,
             block_hashes=hashes,
         )
+        self.rows.write(seq_id, blocks, 0)
+        self.rows.set_num_tokens(seq_id, num_computed)
         return num_computed
 
     def allocate_slots(
@@ -194,6 +208,94 @@ class BlockManager:
                 f"token_ids has {len(token_ids)} ids for num_new_tokens={num_new_tokens}"
             )
         seq = self._seqs.get(seq_id)
+        num_old = 0 if seq is None else seq.num_tokens
+        copies = self._allocate(seq_id, num_new_tokens, token_ids)
+        # The blocks from the one holding the last old token on may have changed (that
+        # one, by copy-on-write).
+        seq = self._seqs[seq_id]
+        self.rows.write(seq_id, seq.block_table, max(num_old - 1, 0) // self.block_size)
+        self.rows.set_num_tokens(seq_id, seq.num_tokens)
+        return copies
+
+    def allocate_decode(
+        self, seq_ids: Sequence[int], token_ids: Sequence[int] | None = None
+    ) -> DecodeAllocation:
+        """One more slot for each sequence, in order (a decode step).
+
+        The same as ``allocate_slots(seq_id, 1, [token_id])`` for each sequence, but most
+        sequences only bump ``num_tokens``: their next token still fits in their own last
+        block. Only a sequence whose last block is full, or shared (copy-on-write), takes
+        the slow path through the free queue.
+        """
+        if token_ids is not None and len(token_ids) != len(seq_ids):
+            raise ValueError(f"token_ids has {len(token_ids)} ids for {len(seq_ids)} seq_ids")
+        seqs, ref_cnt, size = self._seqs, self.pool.ref_cnt, self.block_size
+        changed: list[tuple[int, int, int]] = []  # (seq_id, logical_index, block_id)
+        copies: list[tuple[int, int]] = []
+        num_allocated, num_fast = len(seq_ids), 0
+        for index, seq_id in enumerate(seq_ids):
+            token_id = None if token_ids is None else token_ids[index]
+            seq = seqs.get(seq_id)
+            # NOTE: the hot path, taken block_size - 1 times out of block_size: the last
+            # block has room and nobody else holds it, so no block table changes.
+            if seq is not None and seq.num_tokens % size and ref_cnt[seq.block_table[-1]] == 1:
+                seq.num_tokens += 1
+                num_fast += 1
+                known = seq.token_ids
+                if known is None:
+                    continue
+                if token_id is not None and seq.num_tokens % size:
+                    known.append(token_id)  # the block is not full yet: nothing to hash
+                else:
+                    self._record_token_ids(seq, None if token_id is None else (token_id,))
+                continue
+            try:
+                copies += self._allocate(seq_id, 1, None if token_id is None else (token_id,))
+            except CacheFullError:
+                num_allocated = index
+                break
+            table = seqs[seq_id].block_table
+            changed.append((seq_id, len(table) - 1, table[-1]))
+        self._num_used_slots += num_fast  # the slow path counted its own
+        self.rows.set_entries(changed)
+        self.rows.add_tokens(seq_ids[:num_allocated])
+        return DecodeAllocation(num_allocated, copies)
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
+        """Start ``child_seq_id`` sharing every block of its parent: no copy, no new block."""
+        parent = self._seq(parent_seq_id)
+        if child_seq_id in self._seqs:
+            raise ValueError(f"cannot fork into seq {child_seq_id}: it already exists")
+        self.pool.share(parent.block_table)
+        self._seqs[child_seq_id] = SequenceBlocks(
+            block_table=list(parent.block_table),
+            num_tokens=parent.num_tokens,
+            token_ids=None if parent.token_ids is None else list(parent.token_ids),
+            block_hashes=list(parent.block_hashes),
+        )
+        self.rows.copy(parent_seq_id, child_seq_id)
+        return []
+
+    def free(self, seq_id: int) -> None:
+        """Release ``seq_id``'s blocks; cached ones stay reusable until evicted."""
+        seq = self._seq(seq_id)
+        size, ref_cnt = self.block_size, self.pool.ref_cnt
+        for logical_index, block_id in enumerate(seq.block_table):
+            if ref_cnt[block_id] == 1:  # nobody else holds it: its tokens leave the count
+                self._num_used_slots -= min(size, seq.num_tokens - logical_index * size)
+        # Tail first: a sequence's last blocks are the least likely to serve another
+        # prompt's prefix, so they should be evicted before its first ones.
+        self.pool.free(reversed(seq.block_table))
+        del self._seqs[seq_id]
+        self.rows.release(seq_id)
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _allocate(
+        self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None
+    ) -> list[tuple[int, int]]:
+        """``allocate_slots`` without the block-table rows (callers update them)."""
+        seq = self._seqs.get(seq_id)
         if seq is None:
             seq = SequenceBlocks(token_ids=[] if self.enable_prefix_caching else None)
         needs_copy = self._needs_copy(seq)
@@ -209,79 +311,10 @@ class BlockManager:
         if num_new_blocks:
             seq.block_table.extend(self.pool.allocate(num_new_blocks))
         seq.num_tokens += num_new_tokens
+        self._num_used_slots += num_new_tokens
         self._seqs[seq_id] = seq
         self._record_token_ids(seq, token_ids)
         return copies
-
-    def allocate_decode(
-        self, seq_ids: Sequence[int], token_ids: Sequence[int] | None = None
-    ) -> DecodeAllocation:
-        """Make room for one more token of each sequence, in order (a decode step).
-
-        The same as ``allocate_slots(seq_id, 1, [token_id])`` for each sequence, but most
-        sequences only bump ``num_tokens``: their next token still fits in their own last
-        block. Only a sequence whose last block is full, or shared (copy-on-write), takes
-        the ``allocate_slots`` path.
-
-        Args:
-            seq_ids: the sequences, each registered already.
-            token_ids: the new token of each, or None (ends every one's hash chain).
-
-        Returns:
-            how many sequences (a prefix of ``seq_ids``) got their slot, which of them
-            changed their block table, and the ``(src, dst)`` blocks to copy. It stops at
-            the first sequence that does not fit, which (like the rest) is left unchanged.
-        """
-        if token_ids is not None and len(token_ids) != len(seq_ids):
-            raise ValueError(f"token_ids has {len(token_ids)} ids for {len(seq_ids)} seq_ids")
-        seqs, ref_cnt, size = self._seqs, self.pool.ref_cnt, self.block_size
-        changed: list[tuple[int, int, int]] = []
-        copies: list[tuple[int, int]] = []
-        ids = token_ids if token_ids is not None else itertools.repeat(None)
-        for index, (seq_id, token_id) in enumerate(zip(seq_ids, ids, strict=False)):
-            seq = seqs.get(seq_id)
-            # NOTE: the hot path, taken block_size - 1 times out of block_size: the last
-            # block has room and nobody else holds it, so no block table changes.
-            if seq is not None and seq.num_tokens % size and ref_cnt[seq.block_table[-1]] == 1:
-                seq.num_tokens += 1
-                known = seq.token_ids
-                if known is None:
-                    continue
-                if token_id is not None and seq.num_tokens % size:
-                    known.append(token_id)  # the block is not full yet: nothing to hash
-                else:
-                    self._record_token_ids(seq, None if token_id is None else (token_id,))
-                continue
-            try:
-                copies += self.allocate_slots(seq_id, 1, None if token_id is None else (token_id,))
-            except CacheFullError:
-                return DecodeAllocation(index, changed, copies)
-            table = seqs[seq_id].block_table
-            changed.append((seq_id, len(table) - 1, table[-1]))
-        return DecodeAllocation(len(seq_ids), changed, copies)
-
-    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
-        """Start ``child_seq_id`` as a copy of its parent that shares every block."""
-        parent = self._seq(parent_seq_id)
-        if child_seq_id in self._seqs:
-            raise ValueError(f"cannot fork into seq {child_seq_id}: it already exists")
-        self.pool.share(parent.block_table)
-        self._seqs[child_seq_id] = SequenceBlocks(
-            block_table=list(parent.block_table),
-            num_tokens=parent.num_tokens,
-            token_ids=None if parent.token_ids is None else list(parent.token_ids),
-            block_hashes=list(parent.block_hashes),
-        )
-
-    def free(self, seq_id: int) -> None:
-        """Release ``seq_id``'s blocks; cached ones stay reusable until evicted."""
-        seq = self._seq(seq_id)
-        # Tail first: a sequence's last blocks are the least likely to serve another
-        # prompt's prefix, so they should be evicted before its first ones.
-        self.pool.free(reversed(seq.block_table))
-        del self._seqs[seq_id]
-
-    # ---- helpers -------------------------------------------------------------------------
 
     def _seq(self, seq_id: int) -> SequenceBlocks:
         try:
@@ -299,6 +332,7 @@ class BlockManager:
         (dst,) = self.pool.allocate(1)
         self.pool.free([src])
         seq.block_table[-1] = dst
+        self._num_used_slots += seq.num_tokens % self.block_size  # the copied tokens
         return src, dst
 
     def _match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from kvlab.cache.base import CacheFullError
+from kvlab.cache.manager import CacheFullError
 
 ROOT_HASH = 0
 """The parent hash of a sequence's first block (a fixed int, so hashes repeat across runs)."""
@@ -47,6 +47,7 @@ class BlockPool:
         num_blocks: blocks in the pool.
         ref_cnt: per block, how many sequences hold it (0: free or cached).
         block_hash: per block, its chained hash while it can serve a prefix hit, else None.
+        num_held_blocks: blocks with ``ref_cnt > 0``, counted as they change.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -54,6 +55,7 @@ class BlockPool:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * num_blocks
+        self.num_held_blocks = 0
         self.block_hash: list[int | None] = [None] * num_blocks
         # NOTE: an OrderedDict is a queue that can also drop an entry from its middle in
         # O(1): a prefix hit takes a cached block out of the queue wherever it sits.
@@ -93,6 +95,7 @@ class BlockPool:
             if self.block_hash[block_id] is not None:
                 self._evict(block_id)
             self.ref_cnt[block_id] = 1
+        self.num_held_blocks += num
         return block_ids
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -108,6 +111,7 @@ class BlockPool:
             self.ref_cnt[block_id] -= 1
             if self.ref_cnt[block_id] == 0:
                 self._free_queue[block_id] = None
+                self.num_held_blocks -= 1
 
     def share(self, block_ids: Iterable[int]) -> None:
         """Add one holder to each held block (a fork: parent and child now share it)."""
@@ -126,6 +130,7 @@ class BlockPool:
             raise ValueError(f"block {block_id} carries no block_hash: it is not cached")
         if self.ref_cnt[block_id] == 0:
             del self._free_queue[block_id]
+            self.num_held_blocks += 1
         self.ref_cnt[block_id] += 1
 
     def cache(self, block_id: int, block_hash: int) -> bool:

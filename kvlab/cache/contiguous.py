@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kvlab.cache.base import BlockInfo, CacheUsage, ForwardBatch, KVCache
-from kvlab.cache.contiguous_arena import ContiguousArena, reservation_size
+from kvlab.cache.base import BlockInfo, ForwardBatch, PooledKVCache
+from kvlab.cache.contiguous_manager import ContiguousManager
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
 
@@ -37,7 +37,7 @@ def num_slots_for_budget(spec: KVSpec, budget_bytes: int) -> int:
     return num_slots
 
 
-class ContiguousKVCache(KVCache):
+class ContiguousKVCache(PooledKVCache):
     """Per-request contiguous reservations in one slot arena per layer.
 
     Args:
@@ -62,10 +62,10 @@ class ContiguousKVCache(KVCache):
         cell_size: int = 16,
     ) -> None:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.arena = ContiguousArena(num_slots)
+        self.manager = ContiguousManager(num_slots, policy, max_model_len)
+        self.arena = self.manager.arena
         self.policy = policy
-        self.max_model_len = max_model_len or num_slots
-        reservation_size(policy, 1, 0, self.max_model_len)  # validates the policy name
+        self.max_model_len = self.manager.max_model_len
         if cell_size <= 0:
             raise ValueError(f"cell_size must be >= 1, got {cell_size}")
         self.cell_size = cell_size
@@ -88,15 +88,6 @@ class ContiguousKVCache(KVCache):
     def num_slots(self) -> int:
         return self.arena.num_slots
 
-    @property
-    def bytes_per_slot(self) -> int:
-        """K and V bytes of one token, all layers."""
-        element = self.kv_caches[0].element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
-
-    def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self.arena
-
     # ---- request life ----------------------------------------------------------------
 
     def add_request(
@@ -115,16 +106,7 @@ class ContiguousKVCache(KVCache):
         Raises:
             CacheFullError: no hole is long enough; nothing changes.
         """
-        num_slots = reservation_size(
-            self.policy, len(prompt_token_ids), max_tokens, self.max_model_len
-        )
-        if num_slots > self.num_slots:
-            raise ValueError(
-                f"seq {seq_id} would reserve {num_slots} slots under policy {self.policy!r}; "
-                f"the arena has only {self.num_slots}"
-            )
-        self.arena.reserve(seq_id, num_slots)
-        return 0
+        return self.manager.add_sequence(seq_id, prompt_token_ids, max_tokens)
 
     def allocate_slots(
         self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
@@ -138,14 +120,7 @@ class ContiguousKVCache(KVCache):
             CacheFullError: no hole fits a new request's range, or an existing range is too
                 short; nothing changes.
         """
-        if seq_id not in self.arena:
-            if self.policy != "max_model_len":
-                raise KeyError(
-                    f"seq {seq_id} has no reservation; under policy {self.policy!r} declare it "
-                    "first with add_request(seq_id, prompt_token_ids, max_tokens)"
-                )
-            self.add_request(seq_id, range(num_new_tokens))
-        self.arena.grow(seq_id, num_new_tokens)
+        self.manager.allocate_slots(seq_id, num_new_tokens, token_ids)
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Start ``child_seq_id`` as a copy of its parent: a new range, every token copied.
@@ -155,20 +130,7 @@ class ContiguousKVCache(KVCache):
         Raises:
             CacheFullError: no hole fits the child's range; nothing changes.
         """
-        parent = self.arena.range_of(parent_seq_id)
-        start = self.arena.reserve(child_seq_id, parent.num_slots)
-        if parent.num_tokens:
-            self.arena.grow(child_seq_id, parent.num_tokens)
-        src = slice(parent.start, parent.start + parent.num_tokens)
-        dst = slice(start, start + parent.num_tokens)
-        for kv in self.kv_caches:
-            kv[:, dst] = kv[:, src]
-
-    def free(self, seq_id: int) -> None:
-        self.arena.free(seq_id)
-
-    def num_tokens(self, seq_id: int) -> int:
-        return self.arena.range_of(seq_id).num_tokens
+        self.copy_blocks(self.manager.fork(parent_seq_id, child_seq_id))
 
     # ---- one step --------------------------------------------------------------------
 
@@ -214,13 +176,6 @@ class ContiguousKVCache(KVCache):
         return kv[0, start : start + seq_len], kv[1, start : start + seq_len]
 
     # ---- reports ---------------------------------------------------------------------
-
-    def usage(self) -> CacheUsage:
-        return CacheUsage(
-            capacity_bytes=self.num_slots * self.bytes_per_slot,
-            reserved_bytes=self.arena.num_reserved_slots * self.bytes_per_slot,
-            used_bytes=self.arena.num_used_slots * self.bytes_per_slot,
-        )
 
     def block_infos(self) -> list[BlockInfo]:
         """The arena cut into cells of ``cell_size`` slots, for the page-map widget.

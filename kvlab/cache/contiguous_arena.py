@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from kvlab.cache.base import CacheFullError
+from kvlab.cache.manager import CacheFullError
 
 POLICIES = ("max_model_len", "pow2", "exact")
 

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvlab.cache.base import BlockInfo, CacheUsage, ForwardBatch, KVCache
-from kvlab.cache.block_manager import BlockManager, DecodeAllocation
+from kvlab.cache.base import BlockInfo, ForwardBatch, PooledKVCache
+from kvlab.cache.block_manager import BlockManager
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
 
@@ -79,7 +79,7 @@ class PagedMetadata:
     seq_lens: torch.Tensor
 
 
-class PagedKVCache(KVCache):
+class PagedKVCache(PooledKVCache):
     """Blocks of ``block_size`` token slots from one pool, shared through ``ref_cnt``.
 
     Args:
@@ -109,7 +109,6 @@ class PagedKVCache(KVCache):
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
         ]
-        self._tables = BlockTableRows(block_size)
         self._step_batch: ForwardBatch | None = None
         self._metadata: PagedMetadata | None = None
 
@@ -126,15 +125,6 @@ class PagedKVCache(KVCache):
     @property
     def num_free_blocks(self) -> int:
         return self.manager.num_free_blocks
-
-    @property
-    def bytes_per_slot(self) -> int:
-        """K and V bytes of one token, all layers."""
-        element = self.kv_caches[0].element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
-
-    def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self.manager
 
     def block_table(self, seq_id: int) -> list[int]:
         return self.manager.block_table(seq_id)
@@ -153,10 +143,7 @@ class PagedKVCache(KVCache):
             num_computed_tokens: prompt tokens already in the cache (a multiple of
             ``block_size``, below the prompt length); allocate only the rest.
         """
-        num_computed = self.manager.add_sequence(seq_id, _int_list(prompt_token_ids))
-        self._tables.write(seq_id, self.manager.block_table(seq_id), 0)
-        self._tables.set_num_tokens(seq_id, num_computed)
-        return num_computed
+        return self.manager.add_sequence(seq_id, _int_list(prompt_token_ids))
 
     def allocate_slots(
         self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
@@ -170,9 +157,7 @@ class PagedKVCache(KVCache):
             CacheFullError: not enough free blocks; nothing changes.
         """
         ids = None if token_ids is None else _int_list(token_ids)
-        self._copy_blocks(self.manager.allocate_slots(seq_id, num_new_tokens, ids))
-        self._sync_row(seq_id)
-        self._tables.set_num_tokens(seq_id, self.manager.num_tokens(seq_id))
+        self.copy_blocks(self.manager.allocate_slots(seq_id, num_new_tokens, ids))
         self._step_batch = None  # block tables changed
 
     def allocate_decode(
@@ -193,33 +178,27 @@ class PagedKVCache(KVCache):
             it are unchanged (the caller preempts, then retries them).
         """
         ids = None if token_ids is None else _int_list(token_ids)
-        result: DecodeAllocation = self.manager.allocate_decode(seq_ids, ids)
-        self._copy_blocks(result.copies)
-        self._tables.set_entries(result.changed)
-        self._tables.add_tokens(seq_ids[: result.num_allocated])
+        result = self.manager.allocate_decode(seq_ids, ids)
+        self.copy_blocks(result.copies)
         self._step_batch = None
         return result.num_allocated
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Start ``child_seq_id`` sharing all of its parent's blocks (no copy, no new block)."""
-        self.manager.fork(parent_seq_id, child_seq_id)
-        self._tables.copy(parent_seq_id, child_seq_id)
+        self.copy_blocks(self.manager.fork(parent_seq_id, child_seq_id))
 
     def free(self, seq_id: int) -> None:
         self.manager.free(seq_id)
-        self._tables.release(seq_id)
         self._step_batch = None
-
-    def num_tokens(self, seq_id: int) -> int:
-        return self.manager.num_tokens(seq_id)
 
     # ---- one step --------------------------------------------------------------------
 
     def begin_step(self, batch: ForwardBatch) -> None:
         """Build this step's ``PagedMetadata`` (block tables and slot mapping) once."""
         seq_lens = batch.seq_lens.cpu().numpy()  # (num_seqs,)
-        rows = self._tables.rows(batch.seq_ids)  # (num_seqs,) each sequence's table row
-        held = self._tables.num_tokens[rows]
+        tables = self.manager.rows
+        rows = tables.rows(batch.seq_ids)  # (num_seqs,) each sequence's table row
+        held = tables.num_tokens[rows]
         short = np.flatnonzero(seq_lens > held)
         if short.size:
             i = short[0]
@@ -227,7 +206,7 @@ class PagedKVCache(KVCache):
                 f"seq {batch.seq_ids[i]} runs with seq_len {seq_lens[i]} but holds "
                 f"{held[i]} slots: call allocate_slots first"
             )
-        block_table = self._tables.gather(rows, -(-seq_lens // self.block_size))
+        block_table = tables.gather(rows, -(-seq_lens // self.block_size))
         # The sequence (row of block_table) of each new token: (num_tokens,)
         if len(batch.positions) == batch.num_seqs:
             token_rows = np.arange(batch.num_seqs)  # a decode step: one token each
@@ -272,37 +251,7 @@ class PagedKVCache(KVCache):
         values = kv[1, blocks].flatten(0, 1)[:seq_len]
         return keys, values
 
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: give each ``dst`` block the K/V of its ``src`` block."""
-        if not copies:
-            return
-        src, dst = (torch.tensor(ids, device=self.device) for ids in zip(*copies, strict=True))
-        for kv in self.kv_caches:
-            kv[:, dst] = kv[:, src]
-
-    def _sync_row(self, seq_id: int) -> None:
-        """Copy the blocks ``seq_id`` just gained (or copied) into its block table row.
-
-        Call it after the manager allocated and before the row's ``num_tokens`` is
-        updated: the blocks from the one holding its last old token on may have changed
-        (that one, by copy-on-write).
-        """
-        num_old = self._tables.num_tokens_of(seq_id)
-        first = max(num_old - 1, 0) // self.block_size
-        self._tables.write(seq_id, self.manager.block_table(seq_id), first)
-
     # ---- reports ---------------------------------------------------------------------
-
-    def usage(self) -> CacheUsage:
-        pool = self.manager.pool
-        filled = self._filled_per_block()
-        num_held = sum(1 for count in pool.ref_cnt if count > 0)
-        slot_bytes = self.bytes_per_slot
-        return CacheUsage(
-            capacity_bytes=self.num_blocks * self.block_size * slot_bytes,
-            reserved_bytes=num_held * self.block_size * slot_bytes,
-            used_bytes=sum(filled.values()) * slot_bytes,
-        )
 
     def block_infos(self) -> list[BlockInfo]:
         """Every physical block: holders, fill, and whether it can serve a prefix hit."""
@@ -333,96 +282,6 @@ class PagedKVCache(KVCache):
             in_block = self.manager.num_tokens(seq_id) - logical_index * self.block_size
             filled[block_id] = min(self.block_size, in_block)
         return filled
-
-
-class BlockTableRows:
-    """Every sequence's block table as one row of a persistent int32 array.
-
-    The block manager's lists stay the truth; this copy of them changes only where a
-    sequence gains or copies a block, so a step's padded ``(num_seqs, max_blocks)`` block
-    table is one gather instead of one Python list per sequence. Rows of freed sequences
-    are reused; entries past a sequence's last block are stale (``gather`` zeroes them).
-
-    Attributes:
-        table: (num_rows, width) int32, grown by doubling when a row or a block is missing.
-        num_tokens: (num_rows,) int64, the token slots each row's sequence holds.
-    """
-
-    def __init__(self, block_size: int, num_rows: int = 64, width: int = 8) -> None:
-        self.block_size = block_size
-        self.table = np.zeros((num_rows, width), dtype=np.int32)
-        self.num_tokens = np.zeros(num_rows, dtype=np.int64)
-        self._row_of: dict[int, int] = {}
-        self._free_rows = list(range(num_rows - 1, -1, -1))
-
-    def rows(self, seq_ids: Sequence[int]) -> np.ndarray:
-        """(len(seq_ids),) the row of each sequence."""
-        try:
-            return np.fromiter(map(self._row_of.__getitem__, seq_ids), np.intp, len(seq_ids))
-        except KeyError:
-            missing = next(s for s in seq_ids if s not in self._row_of)
-            raise KeyError(f"unknown seq_id {missing}") from None
-
-    def num_tokens_of(self, seq_id: int) -> int:
-        row = self._row_of.get(seq_id)
-        return 0 if row is None else int(self.num_tokens[row])
-
-    def write(self, seq_id: int, block_table: list[int], first: int) -> None:
-        """Set the row of ``seq_id`` (a new one if needed) from logical block ``first`` on."""
-        row = self._row(seq_id)
-        if len(block_table) > self.table.shape[1]:
-            self._grow(self.table.shape[0], len(block_table))
-        self.table[row, first : len(block_table)] = block_table[first:]
-
-    def set_entries(self, entries: list[tuple[int, int, int]]) -> None:
-        """Set single entries: ``(seq_id, logical_index, block_id)`` each."""
-        if not entries:
-            return
-        seq_ids, columns, block_ids = zip(*entries, strict=True)
-        rows = [self._row(seq_id) for seq_id in seq_ids]
-        if max(columns) >= self.table.shape[1]:
-            self._grow(self.table.shape[0], max(columns) + 1)
-        self.table[rows, columns] = block_ids
-
-    def set_num_tokens(self, seq_id: int, num_tokens: int) -> None:
-        self.num_tokens[self._row(seq_id)] = num_tokens
-
-    def add_tokens(self, seq_ids: Sequence[int]) -> None:
-        """One more token for each of ``seq_ids`` (a decode step)."""
-        np.add.at(self.num_tokens, self.rows(seq_ids), 1)
-
-    def copy(self, parent_seq_id: int, child_seq_id: int) -> None:
-        parent = self._row_of[parent_seq_id]
-        child = self._row(child_seq_id)
-        self.table[child] = self.table[parent]
-        self.num_tokens[child] = self.num_tokens[parent]
-
-    def release(self, seq_id: int) -> None:
-        self._free_rows.append(self._row_of.pop(seq_id))
-
-    def gather(self, rows: np.ndarray, num_blocks: np.ndarray) -> np.ndarray:
-        """(len(rows), max(num_blocks)) int32: each row's first ``num_blocks``, 0-padded."""
-        max_blocks = int(num_blocks.max(initial=0))
-        table = self.table[rows, :max_blocks]
-        table[np.arange(max_blocks) >= num_blocks[:, None]] = 0
-        return table
-
-    def _row(self, seq_id: int) -> int:
-        row = self._row_of.get(seq_id)
-        if row is None:
-            if not self._free_rows:
-                self._grow(2 * self.table.shape[0], self.table.shape[1])
-            row = self._row_of[seq_id] = self._free_rows.pop()
-        return row
-
-    def _grow(self, num_rows: int, width: int) -> None:
-        old_rows, old_width = self.table.shape
-        width = max(width, 2 * old_width) if width > old_width else old_width
-        table = np.zeros((num_rows, width), dtype=np.int32)
-        table[:old_rows, :old_width] = self.table
-        self.table = table
-        self.num_tokens = np.concatenate([self.num_tokens, np.zeros(num_rows - old_rows, np.int64)])
-        self._free_rows.extend(range(num_rows - 1, old_rows - 1, -1))
 
 
 def _int_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:

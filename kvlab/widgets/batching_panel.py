@@ -45,7 +45,7 @@ from kvlab.llm import LLM
 from kvlab.metrics import ManualClock
 from kvlab.models import load_model
 from kvlab.replay import STATES, ReplayResult, TraceRequests, on_time_grid, replay
-from kvlab.scheduler import POLICIES, SchedulerConfig
+from kvlab.scheduler import SCHEDULING_MODES, SchedulerConfig
 from kvlab.simulator import LENGTH_PROFILES, make_trace
 from kvlab.widgets.memory_gauge import MemoryGauge
 from kvlab.widgets.page_map import PageMap
@@ -85,8 +85,8 @@ class PanelSettings:
     arrival_rate: float = 8.0
 
     def __post_init__(self) -> None:
-        if self.scheduling not in POLICIES:
-            _refuse("scheduling", self.scheduling, f"one of {POLICIES}")
+        if self.scheduling not in SCHEDULING_MODES:
+            _refuse("scheduling", self.scheduling, f"one of {SCHEDULING_MODES}")
         _check_number("max_num_seqs", self.max_num_seqs, 1, 16, integer=True)
         _check_number("batch_timeout", self.batch_timeout, 0, 2)
         if self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool):
@@ -455,7 +455,7 @@ class BatchingPanel(widgets.VBox):
 
     def _build(self) -> list[widgets.Widget]:
         self.scheduling = widgets.ToggleButtons(
-            options=POLICIES, value=self.settings.scheduling, description="scheduling"
+            options=SCHEDULING_MODES, value=self.settings.scheduling, description="scheduling"
         )
         self.scheduling.add_class("kvlab-toggle-scheduling")
         self.sliders = _sliders(self.settings)
@@ -524,7 +524,7 @@ class BatchingPanel(widgets.VBox):
             self._set_status("replaying ...")
             selected = settings.scheduling
             results = {selected: self._replay(settings, selected, requests, live=True)}
-            others = [p for p in POLICIES if p != selected] if self._compare else []
+            others = [p for p in SCHEDULING_MODES if p != selected] if self._compare else []
             for policy in others:
                 results[policy] = self._replay(settings, policy, requests, live=False)
         except ValueError as error:
@@ -533,7 +533,7 @@ class BatchingPanel(widgets.VBox):
             return
         self.error = None
         self.settings = settings
-        self.results = {p: results[p] for p in POLICIES if p in results}
+        self.results = {p: results[p] for p in SCHEDULING_MODES if p in results}
         self._draw()
 
     def _read_controls(self) -> PanelSettings:

@@ -46,7 +46,7 @@ class SwapSpace:
     """
 
     def __init__(self, cache: PagedKVCache, num_cpu_blocks: int) -> None:
-        if not isinstance(cache, PagedKVCache):
+        if not isinstance(cache, PagedKVCache):  # a contiguous range is not cut into blocks
             raise ValueError(
                 f"swapping needs a PagedKVCache, got {type(cache).__name__}: use "
                 "preemption_mode='recompute' with a contiguous cache"
@@ -165,6 +165,10 @@ class SwapSpace:
             # blocks can be overwritten by the next swap_out.
             self._stream.synchronize()
         self._free.extend(reversed(entry.cpu_blocks))
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Apply copy-on-write copies the scheduler has planned, before blocks leave."""
+        self.cache.copy_blocks(copies)
 
     def wait(self) -> None:
         """Make the device's compute stream wait for every copy started by ``swap_in``."""

@@ -1,0 +1,116 @@
+"""Contiguous bookkeeping: one reserved range of slots per request, behind the manager interface.
+
+``ContiguousManager`` is the contiguous implementation of
+``kvlab.cache.manager.KVCacheManager``: a request is admitted only when its whole
+reservation (sized by the policy, see ``kvlab.cache.contiguous_arena``) fits in one hole
+of the arena, and each later step just fills more of its own range. Its allocation unit
+is a single slot (``block_size == 1``), so the copies a fork returns are slot pairs.
+
+    admit:   reserve prompt + (policy's share of max_tokens) slots, first-fit
+    step:    grow inside the range; past its end: CacheFullError (a range cannot grow)
+    fork:    a second whole range, every token copied (contiguous memory cannot be shared)
+
+Not handled: prefix caching (nothing is ever found cached), compaction, swapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvlab.cache.contiguous_arena import ContiguousArena, Range, reservation_size
+from kvlab.cache.manager import KVCacheManager, KVUsage
+
+
+class ContiguousManager(KVCacheManager):
+    """Per-request ranges in one ``ContiguousArena`` of ``num_slots`` slots.
+
+    Args:
+        num_slots: token slots in the arena.
+        policy: how much a request reserves: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
+        max_model_len: the longest sequence; defaults to ``num_slots``.
+    """
+
+    block_size = 1
+
+    def __init__(self, num_slots: int, policy: str, max_model_len: int | None = None) -> None:
+        self.arena = ContiguousArena(num_slots)
+        self.num_blocks = num_slots
+        self.policy = policy
+        self.max_model_len = max_model_len or num_slots
+        reservation_size(policy, 1, 0, self.max_model_len)  # validates the policy name
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.arena.num_free_slots
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.arena
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.arena.range_of(seq_id).num_tokens
+
+    def range_of(self, seq_id: int) -> Range:
+        return self.arena.range_of(seq_id)
+
+    def usage(self) -> KVUsage:
+        arena = self.arena
+        return KVUsage(arena.num_slots, arena.num_reserved_slots, arena.num_used_slots)
+
+    def check_request(self, prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
+        need = reservation_size(self.policy, prompt_len, max_tokens, self.max_model_len)
+        if need > self.num_blocks:
+            return (
+                f"it reserves {need} KV slots (policy {self.policy!r}) but the contiguous "
+                f"pool has only {self.num_blocks}"
+            )
+        return None
+
+    def blocks_to_admit(
+        self, token_ids: Sequence[int], num_computed: int, num_new: int, max_tokens: int
+    ) -> int | None:
+        size = reservation_size(self.policy, len(token_ids), max_tokens, self.max_model_len)
+        return size if self.arena.can_reserve(size) else None
+
+    def add_sequence(self, seq_id: int, token_ids: Sequence[int], max_tokens: int | None) -> int:
+        """Reserve ``seq_id``'s whole range under the policy; return 0 (nothing is cached).
+
+        Raises:
+            CacheFullError: no hole is long enough; nothing changes.
+        """
+        num_slots = reservation_size(self.policy, len(token_ids), max_tokens, self.max_model_len)
+        if num_slots > self.num_blocks:
+            raise ValueError(
+                f"seq {seq_id} would reserve {num_slots} slots under policy {self.policy!r}; "
+                f"the arena has only {self.num_blocks}"
+            )
+        self.arena.reserve(seq_id, num_slots)
+        return 0
+
+    def allocate_slots(
+        self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
+    ) -> list[tuple[int, int]]:
+        """Take ``num_new_tokens`` more slots inside ``seq_id``'s range (``token_ids`` unused).
+
+        A ``seq_id`` never declared with ``add_sequence`` is declared here, its first tokens
+        taken as its prompt; only the "max_model_len" policy can size it without ``max_tokens``.
+        """
+        if seq_id not in self.arena:
+            if self.policy != "max_model_len":
+                raise KeyError(
+                    f"seq {seq_id} has no reservation; under policy {self.policy!r} declare it "
+                    "first with add_request(seq_id, prompt_token_ids, max_tokens)"
+                )
+            self.add_sequence(seq_id, range(num_new_tokens), None)
+        self.arena.grow(seq_id, num_new_tokens)
+        return []
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
+        """A second range as long as the parent's; each of its tokens is a slot to copy."""
+        parent = self.arena.range_of(parent_seq_id)
+        start = self.arena.reserve(child_seq_id, parent.num_slots)
+        if parent.num_tokens:
+            self.arena.grow(child_seq_id, parent.num_tokens)
+        return [(parent.start + i, start + i) for i in range(parent.num_tokens)]
+
+    def free(self, seq_id: int) -> None:
+        self.arena.free(seq_id)
