@@ -38,10 +38,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.base import ForwardBatch
 from kvlab.cache.manager import DecodeAllocation
 from kvlab.cache.paged import PagedKVCache
-from kvlab.engine import build_batch
+from kvlab.cache.step import ForwardBatch
 from kvlab.request import Request
 from kvlab.sampling_params import SamplingParams
 from kvlab.scheduler import Scheduler, SchedulerConfig
@@ -370,7 +369,7 @@ def _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator: bool) -
 def _fake_step(out) -> ForwardBatch:
     """What the engine does around a forward, minus the model: count, sample, batch."""
     num_computed = [r.num_computed_tokens for r in out.requests]
-    batch = build_batch([r.seq_id for r in out.requests], num_computed, out.num_new_tokens)
+    batch = ForwardBatch.build([r.seq_id for r in out.requests], num_computed, out.num_new_tokens)
     for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
         request.num_computed_tokens += num_new
         if request.num_computed_tokens == request.num_tokens:

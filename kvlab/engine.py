@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kvlab.cache.base import ForwardBatch, PooledKVCache
+from kvlab.cache.base import PooledKVCache
 from kvlab.cache.manager import CacheFullError
+from kvlab.cache.step import ForwardBatch
 from kvlab.cache.swap import SwapSpace
 from kvlab.metrics import RequestMetrics, RunMetrics, StepStats, WallClock
 from kvlab.outputs import CompletionOutput, RequestOutput
@@ -223,7 +224,7 @@ class LLMEngine:
             else:
                 input_ids.extend(request.token_ids[start : start + num_new])
         device = self.runner.device
-        batch = build_batch(seq_ids, num_computed, out.num_new_tokens, device)
+        batch = ForwardBatch.build(seq_ids, num_computed, out.num_new_tokens, device)
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         return self.runner.forward(ids, batch, self.cache)
 
@@ -422,30 +423,3 @@ class LLMEngine:
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-
-def build_batch(
-    seq_ids: list[int], num_computed: list[int], num_new: list[int], device=None
-) -> ForwardBatch:
-    """``ForwardBatch.build`` without a Python loop over tokens (the same tensors).
-
-    A decode step has one new token per sequence, at position ``num_computed``; a mixed
-    step's positions are each sequence's ``num_computed + 0, 1, ...``, made with tensor ops.
-    """
-    computed = torch.tensor(num_computed, dtype=torch.long)
-    new = torch.tensor(num_new, dtype=torch.long)
-    query_start_loc = torch.zeros(len(num_new) + 1, dtype=torch.long)
-    torch.cumsum(new, 0, out=query_start_loc[1:])
-    num_tokens = int(query_start_loc[-1])
-    if num_tokens == len(num_new):
-        positions = computed
-    else:
-        # token j of the flat batch belongs to sequence i: position = computed[i] + j - start[i]
-        offsets = torch.repeat_interleave(computed - query_start_loc[:-1], new)
-        positions = torch.arange(num_tokens) + offsets
-    return ForwardBatch(
-        seq_ids=list(seq_ids),
-        query_start_loc=query_start_loc.to(device),
-        seq_lens=(computed + new).to(device),
-        positions=positions.to(device),
-    )

@@ -28,16 +28,15 @@ lab 04's scheduler preempts instead), sampling (greedy only), chunked prefill.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.base import ForwardBatch, KVCache
+from kvlab.cache.base import KVCache, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
-from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.manager import CacheFullError
+from kvlab.cache.step import ForwardBatch
 from kvlab.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]
@@ -81,8 +80,7 @@ def serve(
 
     Args:
         runner: the model.
-        cache: any ``KVCache``; ``add_request`` and ``allocate_slots(token_ids=...)`` are
-            used where the cache has them.
+        cache: any ``KVCache``.
         prompts: token ids of each request.
         max_new_tokens: tokens each request generates at most (fewer when EOS comes).
         eos_token_id: ends a request when generated; None never stops early.
@@ -187,7 +185,7 @@ def _admit(
 ) -> tuple[int, str | None]:
     """Declare a request and allocate its prompt: (prompt tokens already cached, refusal)."""
     try:
-        cached = cache.add_request(seq_id, prompt, max_tokens) if _declares(cache) else 0
+        cached = cache.add_request(seq_id, prompt, max_tokens)
         _allocate(cache, seq_id, prompt[cached:])
     except (CacheFullError, ValueError) as error:
         if _holds(cache, seq_id):  # a paged request adopted cached blocks, then failed
@@ -197,14 +195,7 @@ def _admit(
 
 
 def _allocate(cache: KVCache, seq_id: int, token_ids: list[int]) -> None:
-    if "token_ids" in inspect.signature(cache.allocate_slots).parameters:
-        cache.allocate_slots(seq_id, len(token_ids), token_ids=token_ids)
-    else:
-        cache.allocate_slots(seq_id, len(token_ids))
-
-
-def _declares(cache: KVCache) -> bool:
-    return callable(getattr(cache, "add_request", None))
+    cache.allocate_slots(seq_id, len(token_ids), token_ids=token_ids)
 
 
 def _holds(cache: KVCache, seq_id: int) -> bool:
@@ -267,26 +258,23 @@ class Fragmentation:
         return f"{self.capacity:,} slots: " + ", ".join(parts)
 
 
-def fragmentation(cache: KVCache, request_size: int | None = None) -> Fragmentation:
+def fragmentation(cache: PooledKVCache, request_size: int | None = None) -> Fragmentation:
     """Measure ``cache`` now: used, internal, external and free slots.
 
     Args:
-        cache: a cache with ``usage()`` and ``bytes_per_slot`` (contiguous or paged).
+        cache: a pooled cache (contiguous or paged).
         request_size: slots the next request needs; external fragmentation counts the free
             slots in holes shorter than that. None: every free slot outside the largest
             hole (what no single request can use). Ignored for paged caches.
     """
-    usage = cache.usage()
-    per_slot = cache.bytes_per_slot
-    external = 0
-    if isinstance(cache, ContiguousKVCache):
-        external = cache.arena.external_fragmentation(request_size)
+    kv = cache.manager
+    usage = kv.usage()
     return Fragmentation(
-        capacity=usage.capacity_bytes // per_slot,
-        used=usage.used_bytes // per_slot,
-        internal=(usage.reserved_bytes - usage.used_bytes) // per_slot,
-        external=external,
-        bytes_per_slot=per_slot,
+        capacity=usage.num_slots,
+        used=usage.num_used_slots,
+        internal=usage.num_reserved_slots - usage.num_used_slots,
+        external=kv.external_fragmentation(request_size),
+        bytes_per_slot=cache.bytes_per_slot,
     )
 
 
@@ -369,8 +357,7 @@ def _replay(cache: KVCache, requests: list[tuple[int, int, int]]) -> str | None:
             # Distinct made-up token ids: no request finds another's blocks in a prefix cache.
             prompt = list(range(next_id, next_id + prompt_len))
             next_id += prompt_len
-            if _declares(cache):
-                cache.add_request(seq_id, prompt, declared)
+            cache.add_request(seq_id, prompt, declared)
             cache.allocate_slots(seq_id, prompt_len)
         # Step s (s >= 1) feeds output token s; a request with n output tokens feeds n - 1
         # of them (its last one is never fed back), then frees its memory.

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kvlab.cache.base import ForwardBatch, KVCache
+from kvlab.cache.base import KVCache
+from kvlab.cache.step import ForwardBatch
 from kvlab.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]

@@ -25,7 +25,6 @@ import torch
 from tqdm.auto import tqdm
 
 from kvlab.attention import ATTENTION_BACKENDS
-from kvlab.batched_attention import BatchedTorchAttention
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.contiguous_arena import POLICIES as RESERVATION_POLICIES
 from kvlab.cache.paged import PagedKVCache
@@ -67,8 +66,9 @@ class LLM:
         enable_prefix_caching: reuse the KV blocks of equal prompt prefixes (paged).
         preemption_mode: when KV blocks run out: ``"recompute"`` or ``"swap"`` (paged).
         swap_space_bytes: CPU memory for swapped blocks; defaults to the KV pool's size.
-        attention_backend: ``"torch"`` (PyTorch SDPA; the decode rows of a step batched into
-            one call, ``kvlab.batched_attention``) or ``"triton"`` (kvlab's kernels, paged only).
+        attention_backend: ``"sdpa"`` (PyTorch SDPA; the decode rows of a step batched into
+            one call), ``"reference"`` (one sequence at a time) or ``"triton"`` (kvlab's
+            kernels); see ``kvlab.attention``.
         page_reuse_threshold: admission watermark in [0, 1): the share of the KV pool that
             must stay reusable after a new request takes its blocks (see
             ``kvlab.scheduler.SchedulerConfig``).
@@ -98,7 +98,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         preemption_mode: str = "recompute",
         swap_space_bytes: int | None = None,
-        attention_backend: str = "torch",
+        attention_backend: str = "sdpa",
         page_reuse_threshold: float = 0.0,
         reservation_policy: str = "max_model_len",
         device: str | torch.device | None = None,
@@ -129,9 +129,7 @@ class LLM:
             scheduling_policy=scheduling_policy,
         )  # checks its own fields
         self.model, self.tokenizer = _load(model, tokenizer, device, dtype)
-        # "torch" batches the decode rows of a step into one call (same math, fewer calls).
-        attention = BatchedTorchAttention() if attention_backend == "torch" else attention_backend
-        runner = ModelRunner(self.model, attention=attention)
+        runner = ModelRunner(self.model, attention=attention_backend)
         context = self.model.config.max_position_embeddings
         if max_model_len is not None and max_model_len > context:
             raise ValueError(
@@ -307,7 +305,8 @@ def _check_settings(**settings) -> None:
     if settings["attention_backend"] == "triton" and kv_cache != "paged":
         raise ValueError(
             "attention_backend='triton' is not allowed with kv_cache='contiguous': the "
-            "Triton kernels read K/V through a block table; use kv_cache='paged'"
+            "Triton kernels read K/V block by block, and a contiguous cache's blocks are "
+            "single slots; use kv_cache='paged'"
         )
     if settings["preemption_mode"] == "swap" and kv_cache != "paged":
         raise ValueError(

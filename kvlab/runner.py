@@ -4,13 +4,14 @@ It takes the weights of a Hugging Face model (Llama, Mistral, Qwen2, SmolLM) and
 itself, so that where K and V live is kvlab's choice: the runner only talks to a ``KVCache``
 (``kvlab.cache.base``). One step, for a flat batch of new tokens from several sequences:
 
+    meta = cache.begin_step(batch)      # block table, slot mapping: once per step
     embed tokens
     for each layer:
         h = RMSNorm(x)
         q, k, v = project(h)            # k, v: (num_tokens, num_kv_heads, head_dim)
         q, k = rotate(q, k, positions)  # rotary position embedding
-        cache.write(layer, k, v)        # the KV cache: store this step's keys and values
-        a = attention(q, cache.read(...))  # every sequence attends to its whole context
+        cache.write(layer, meta, k, v)  # the KV cache: store this step's keys and values
+        a = attention(q, layer, meta, cache)  # every sequence attends to its whole context
         x = x + o_proj(a)
         x = x + MLP(RMSNorm(x))         # SwiGLU
     logits = lm_head(RMSNorm(x)) at each sequence's last token
@@ -21,16 +22,13 @@ mixture-of-experts, tensor parallelism.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
-from kvlab.attention import ATTENTION_BACKENDS
-from kvlab.cache.base import ForwardBatch, KVCache
+from kvlab.attention import ATTENTION_BACKENDS, AttentionFn
+from kvlab.cache.base import KVCache
+from kvlab.cache.step import ForwardBatch
 from kvlab.memory import KVSpec
-
-AttentionFn = Callable[[torch.Tensor, int, ForwardBatch, KVCache, float], torch.Tensor]
 
 
 class ModelRunner:
@@ -39,11 +37,12 @@ class ModelRunner:
     Args:
         hf_model: a loaded ``*ForCausalLM`` (see ``kvlab.load_model``); its weights are
             shared, not copied.
-        attention: the attention backend: ``"torch"`` (any cache), ``"triton"`` (paged
-            cache only), or a function with the signature of ``kvlab.attention.torch_attention``.
+        attention: the attention backend: ``"reference"`` (one sequence at a time, any
+            cache), ``"sdpa"`` (decode rows batched), ``"triton"`` (kvlab's kernels), or a
+            function with the signature of ``kvlab.attention.reference_attention``.
     """
 
-    def __init__(self, hf_model, attention: str | AttentionFn = "torch"):
+    def __init__(self, hf_model, attention: str | AttentionFn = "reference"):
         config = hf_model.config
         self.config = config
         self.model = hf_model.model
@@ -84,17 +83,17 @@ class ModelRunner:
         Returns:
             (num_seqs, vocab_size) logits at each sequence's last new token.
         """
-        cache.begin_step(batch)
+        meta = cache.begin_step(batch)
         x = self.model.embed_tokens(input_ids)  # (num_tokens, hidden)
         cos, sin = self._rotary(batch.positions)  # (num_tokens, head_dim)
         for index, layer in enumerate(self.model.layers):
-            x = x + self._attention_block(layer, index, x, cos, sin, batch, cache)
+            x = x + self._attention_block(layer, index, x, cos, sin, meta, cache)
             x = x + self._mlp_block(layer, x)
         last_rows = batch.query_start_loc[1:] - 1
         x = _rms_norm(x[last_rows], self.model.norm.weight, self.eps)
         return self.lm_head(x)
 
-    def _attention_block(self, layer, index, x, cos, sin, batch, cache):
+    def _attention_block(self, layer, index, x, cos, sin, meta, cache):
         attn = layer.self_attn
         h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
         num_tokens = h.shape[0]
@@ -105,8 +104,8 @@ class ModelRunner:
         # Rotate q and k by their positions; v carries no position.
         q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
         # The KV cache at work: store k and v, then attend over everything stored so far.
-        cache.write(index, batch, k, v)
-        out = self.attention(q, index, batch, cache, self.scale)
+        cache.write(index, meta, k, v)
+        out = self.attention(q, index, meta, cache, self.scale)
         return attn.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def _mlp_block(self, layer, x):

@@ -198,7 +198,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         for index, seq_id in enumerate(seq_ids):
             expected = self.seqs[seq_id].expected()
             for layer in range(NUM_LAYERS):
-                key, value = self.cache.read(layer, batch, index)
+                key, value = self.cache.read(layer, self.cache.begin_step(batch), index)
                 assert torch.equal(key, expected[:, layer, 0]), f"seq {seq_id} K, layer {layer}"
                 assert torch.equal(value, expected[:, layer, 1]), f"seq {seq_id} V, layer {layer}"
 
@@ -234,7 +234,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         )  # (num_tokens, num_layers, 2, num_kv_heads, head_dim)
         self.cache.begin_step(batch)
         for layer in range(NUM_LAYERS):
-            self.cache.write(layer, batch, rows[:, layer, 0], rows[:, layer, 1])
+            self.cache.write(
+                layer, self.cache.begin_step(batch), rows[:, layer, 0], rows[:, layer, 1]
+            )
 
     def assert_unchanged(self, before) -> None:
         after = self.snapshot()
@@ -300,7 +302,7 @@ class PagedMachine(AllocatorMachine):
         held = [manager.num_tokens(s) for s in seq_ids]
         # Every held token as a new one, so the slot mapping covers every position.
         batch = ForwardBatch.build(seq_ids, [0] * len(seq_ids), held)
-        meta = self.cache.metadata(batch)
+        meta = self.cache.begin_step(batch)
         tables = [manager.block_table(s) for s in seq_ids]
         width = max(map(len, tables))
         assert meta.block_table.tolist() == [t + [0] * (width - len(t)) for t in tables]
@@ -310,7 +312,7 @@ class PagedMachine(AllocatorMachine):
             for slot in manager.slot_mapping(s, 0, n)
         ]
         assert meta.slot_mapping.tolist() == slots
-        assert meta.seq_lens.tolist() == held
+        assert meta.batch.seq_lens.tolist() == held
 
     def snapshot(self):
         manager = self.cache.manager

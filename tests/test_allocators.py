@@ -68,7 +68,7 @@ class Driver:
             shape = (batch.num_tokens, NUM_KV_HEADS, HEAD_DIM)
             key = torch.randn(shape, generator=self.generator)
             value = torch.randn(shape, generator=self.generator)
-            self.cache.write(layer, batch, key, value)
+            self.cache.write(layer, self.cache.begin_step(batch), key, value)
             starts = batch.query_start_loc.tolist()
             for i, seq_id in enumerate(seq_ids):
                 rows = slice(starts[i], starts[i + 1])
@@ -90,7 +90,7 @@ class Driver:
         batch = read_only_batch(seq_ids, [self.keys[s][0].shape[0] for s in seq_ids])
         for layer in range(NUM_LAYERS):
             for index, seq_id in enumerate(seq_ids):
-                key, value = self.cache.read(layer, batch, index)
+                key, value = self.cache.read(layer, self.cache.begin_step(batch), index)
                 assert torch.equal(key, self.keys[seq_id][layer]), f"seq {seq_id} K, L{layer}"
                 assert torch.equal(value, self.values[seq_id][layer]), f"seq {seq_id} V"
 
@@ -371,12 +371,12 @@ def test_block_table_and_slot_mapping_tensors():
     cache.allocate_slots(0, 3)  # 9 tokens: a third block for seq 0
     cache.allocate_slots(1, 1)
     batch = ForwardBatch.build([0, 1], [6, 3], [3, 1])
-    meta = cache.metadata(batch)
+    meta = cache.begin_step(batch)
     assert meta.block_table.dtype == torch.int32
     assert meta.block_table.tolist() == [[0, 1, 3], [2, 0, 0]]  # padded with 0
     # slot = block_id * block_size + offset: positions 6, 7, 8 of seq 0 and 3 of seq 1.
     assert meta.slot_mapping.tolist() == [1 * 4 + 2, 1 * 4 + 3, 3 * 4 + 0, 2 * 4 + 3]
-    assert meta.seq_lens.tolist() == [9, 4]
+    assert meta.batch.seq_lens.tolist() == [9, 4]
 
 
 def test_step_before_allocate_is_an_error():
@@ -418,7 +418,7 @@ def test_prefix_hit_adopts_the_computed_blocks():
     batch = ForwardBatch.build([0], [0], [10])
     keys = [torch.randn(10, NUM_KV_HEADS, HEAD_DIM) for _ in range(NUM_LAYERS)]
     for layer in range(NUM_LAYERS):
-        cache.write(layer, batch, keys[layer], -keys[layer])
+        cache.write(layer, cache.begin_step(batch), keys[layer], -keys[layer])
     cached_blocks = cache.block_table(0)[:2]
     cache.free(0)
     assert cache.num_free_blocks == CAPACITY // BLOCK_SIZE
@@ -428,8 +428,13 @@ def test_prefix_hit_adopts_the_computed_blocks():
     cache.allocate_slots(1, 4, token_ids=[prompt[8], 7, 7, 7])
     batch = ForwardBatch.build([1], [8], [4])
     for layer in range(NUM_LAYERS):
-        cache.write(layer, batch, torch.zeros(4, NUM_KV_HEADS, HEAD_DIM), torch.zeros(4, 2, 4))
-        key, value = cache.read(layer, batch, 0)
+        cache.write(
+            layer,
+            cache.begin_step(batch),
+            torch.zeros(4, NUM_KV_HEADS, HEAD_DIM),
+            torch.zeros(4, 2, 4),
+        )
+        key, value = cache.read(layer, cache.begin_step(batch), 0)
         assert torch.equal(key[:8], keys[layer][:8]) and torch.equal(value[:8], -keys[layer][:8])
 
 
@@ -502,12 +507,12 @@ def test_allocate_decode_copies_a_shared_last_block():
     assert cache.block_table(0) == [0, 2]  # seq 0 copied the shared block 1
     assert cache.block_table(1) == [0, 1]  # then block 1 was seq 1's alone
     batch = ForwardBatch.build([0, 1], [6, 6], [1, 1])
-    assert cache.metadata(batch).slot_mapping.tolist() == [2 * 4 + 2, 1 * 4 + 2]
+    assert cache.begin_step(batch).slot_mapping.tolist() == [2 * 4 + 2, 1 * 4 + 2]
     driver.keys[0] = [k[:6] for k in driver.keys[0]]  # the prompt's K/V were copied too
     driver.values[0] = [v[:6] for v in driver.values[0]]
     batch = read_only_batch([0], [6])
     for layer in range(NUM_LAYERS):
-        key, value = cache.read(layer, batch, 0)
+        key, value = cache.read(layer, cache.begin_step(batch), 0)
         assert torch.equal(key, driver.keys[0][layer])
 
 
@@ -535,7 +540,7 @@ def test_block_table_rows_grow_and_are_reused():
         cache.allocate_slots(seq_id, 2)
     seq_ids = list(range(1, 100, 2)) + list(range(100, 150))
     held = [cache.num_tokens(s) for s in seq_ids]
-    meta = cache.metadata(ForwardBatch.build(seq_ids, [0] * len(seq_ids), held))
+    meta = cache.begin_step(ForwardBatch.build(seq_ids, [0] * len(seq_ids), held))
     width = max(held)
     tables = [cache.block_table(s) + [0] * (width - len(cache.block_table(s))) for s in seq_ids]
     assert meta.block_table.tolist() == tables

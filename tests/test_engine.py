@@ -6,7 +6,9 @@ the engine stays usable; metrics come from an injectable clock.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import itertools
 
 import pytest
 import torch
@@ -14,12 +16,11 @@ from conftest import random_prompts
 from test_runner import hf_greedy_batch
 
 from kvlab import LLM, SamplingParams
-from kvlab.batched_attention import BatchedTorchAttention
+from kvlab.attention import reference_attention, sdpa_attention
 from kvlab.cache.base import ForwardBatch
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
-from kvlab.engine import build_batch
 from kvlab.generate import greedy_generate
 from kvlab.metrics import ManualClock, percentile
 from kvlab.runner import ModelRunner
@@ -81,14 +82,14 @@ def test_triton_backend_matches_torch(tiny):
     prompts = random_prompts(tiny.config.vocab_size, [5, 11])
     params = SamplingParams(temperature=0, max_tokens=6)
     results = []
-    for backend in ("torch", "triton"):
+    for backend in ("sdpa", "triton"):
         llm = LLM(tiny, attention_backend=backend, num_blocks=32, block_size=4)
         results.append(tokens(llm.generate(prompts, params, use_tqdm=False)))
     assert results[0] == results[1]
 
 
 @pytest.mark.parametrize("kv_cache", ["paged", "contiguous"])
-def test_batched_attention_equals_the_reference(tiny, kv_cache):
+def test_sdpa_attention_equals_the_reference(tiny, kv_cache):
     """A mixed step (two decodes, one prefill chunk) through both torch backends."""
     runner = ModelRunner(tiny)
     shape = (tiny.config.num_hidden_layers, runner.num_kv_heads, runner.head_dim)
@@ -102,36 +103,30 @@ def test_batched_attention_equals_the_reference(tiny, kv_cache):
             cache.add_request(seq_id, [1] * n)
         cache.allocate_slots(seq_id, n)
         keys = torch.randn(n, *shape[1:])
-        batch = ForwardBatch.build([seq_id], [0], [n])
+        meta = cache.begin_step(ForwardBatch.build([seq_id], [0], [n]))
         for layer in range(shape[0]):
-            cache.write(layer, batch, keys, keys * 0.5)
+            cache.write(layer, meta, keys, keys * 0.5)
     for seq_id in range(3):
         cache.allocate_slots(seq_id, 1 if seq_id < 2 else 3)
     batch = ForwardBatch.build([0, 1, 2], lens, [1, 1, 3])
     query = torch.randn(5, runner.num_heads, runner.head_dim)
-    cache.begin_step(batch)
+    meta = cache.begin_step(batch)
     for layer in range(shape[0]):
-        cache.write(layer, batch, torch.randn(5, *shape[1:]), torch.randn(5, *shape[1:]))
-        ours = BatchedTorchAttention()(query, layer, batch, cache, runner.scale)
-        theirs = runner_reference(query, layer, batch, cache, runner.scale)
+        cache.write(layer, meta, torch.randn(5, *shape[1:]), torch.randn(5, *shape[1:]))
+        ours = sdpa_attention(query, layer, meta, cache, runner.scale)
+        theirs = reference_attention(query, layer, meta, cache, runner.scale)
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
     "num_computed, num_new", [([3, 0, 5], [1, 4, 2]), ([7, 8], [1, 1]), ([0], [5])]
 )
-def test_build_batch_equals_forward_batch_build(num_computed, num_new):
-    seq_ids = list(range(len(num_new)))
-    ours = build_batch(seq_ids, num_computed, num_new)
-    theirs = ForwardBatch.build(seq_ids, num_computed, num_new)
-    for name in ("query_start_loc", "seq_lens", "positions"):
-        assert torch.equal(getattr(ours, name), getattr(theirs, name))
-
-
-def runner_reference(query, layer, batch, cache, scale):
-    from kvlab.attention import torch_attention
-
-    return torch_attention(query, layer, batch, cache, scale)
+def test_forward_batch_positions_count_on_from_each_context(num_computed, num_new):
+    batch = ForwardBatch.build(list(range(len(num_new))), num_computed, num_new)
+    pairs = list(zip(num_computed, num_new, strict=True))
+    assert batch.positions.tolist() == [p for done, new in pairs for p in range(done, done + new)]
+    assert batch.seq_lens.tolist() == [done + new for done, new in pairs]
+    assert batch.query_start_loc.tolist() == [0, *itertools.accumulate(num_new)]
 
 
 def test_smollm2_chat_prompts_match_generate(smollm2):

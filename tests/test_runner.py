@@ -13,6 +13,7 @@ from transformers import GenerationConfig
 
 import kvlab
 from kvlab.cache.base import ForwardBatch
+from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
 from kvlab.generate import greedy_generate
@@ -132,22 +133,27 @@ def test_greedy_rejects_bad_input(tiny):
         greedy_generate(runner, naive_cache(runner), [[]], 4)
 
 
-@pytest.mark.parametrize("block_size", [1, 8])
-def test_triton_backend_is_token_identical(block_size):
-    """The Triton kernels (interpreted on CPU) give the same tokens as torch attention."""
+@pytest.mark.parametrize("cache_kind", ["paged/1", "paged/8", "contiguous"])
+def test_every_attention_backend_is_token_identical(cache_kind):
+    """SDPA and the Triton kernels (interpreted on CPU) give the reference's tokens."""
     model, _ = kvlab.load_model("tiny", device="cpu")
     prompts = random_prompts(model.config.vocab_size, [5, 19])
-    outputs = []
-    for backend in ("torch", "triton"):
+    outputs = {}
+    for backend in ("reference", "sdpa", "triton"):
         runner = ModelRunner(model, attention=backend)
-        cache = PagedKVCache(2, 2, 16, num_blocks=64, block_size=block_size, device="cpu")
-        outputs.append(greedy_generate(runner, cache, prompts, 12))
-    assert outputs[0] == outputs[1]
+        if cache_kind == "contiguous":
+            cache = ContiguousKVCache(2, 2, 16, num_slots=128, max_model_len=64, device="cpu")
+        else:
+            block_size = int(cache_kind.split("/")[1])
+            cache = PagedKVCache(2, 2, 16, num_blocks=64, block_size=block_size, device="cpu")
+        outputs[backend] = greedy_generate(runner, cache, prompts, 12)
+    assert outputs["sdpa"] == outputs["reference"]
+    assert outputs["triton"] == outputs["reference"]
 
 
-def test_triton_backend_needs_a_paged_cache(tiny):
+def test_triton_backend_needs_a_block_table(tiny):
     runner = ModelRunner(tiny, attention="triton")
-    with pytest.raises(TypeError, match="needs a PagedKVCache"):
+    with pytest.raises(TypeError, match="reads K/V through a block table"):
         greedy_generate(runner, naive_cache(runner), [[1, 2, 3]], 2)
 
 

@@ -10,7 +10,7 @@ sequence), ``contiguous`` and ``paged`` (one preallocated pool, bookkeeping in a
 Lesson ladder: naive -> contiguous -> paged.
 """
 
-from kvlab.cache.base import BlockInfo, CacheUsage, ForwardBatch, KVCache, PooledKVCache
+from kvlab.cache.base import BlockInfo, CacheUsage, KVCache, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool, hash_block_tokens
 from kvlab.cache.contiguous import ContiguousKVCache, num_slots_for_budget
@@ -18,7 +18,8 @@ from kvlab.cache.contiguous_arena import POLICIES, ContiguousArena, reservation_
 from kvlab.cache.contiguous_manager import ContiguousManager
 from kvlab.cache.manager import CacheFullError, DecodeAllocation, KVCacheManager, KVUsage
 from kvlab.cache.naive import NaiveKVCache
-from kvlab.cache.paged import PagedKVCache, PagedMetadata, num_blocks_for_budget
+from kvlab.cache.paged import PagedKVCache, num_blocks_for_budget
+from kvlab.cache.step import ForwardBatch, StepMetadata
 
 __all__ = [
     "POLICIES",
@@ -37,8 +38,8 @@ __all__ = [
     "KVUsage",
     "NaiveKVCache",
     "PagedKVCache",
-    "PagedMetadata",
     "PooledKVCache",
+    "StepMetadata",
     "hash_block_tokens",
     "num_blocks_for_budget",
     "num_slots_for_budget",

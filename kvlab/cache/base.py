@@ -1,19 +1,13 @@
 """The interface between the model runner and wherever K and V live.
 
 The runner never knows how a cache stores tokens. Each step it hands the cache a
-``ForwardBatch`` (which sequences run and how many new tokens each brings), then, layer by
-layer, ``write``s the new keys and values and ``read``s each sequence's whole context back
-for attention. The naive cache (``kvlab.cache.naive``) grows one tensor per sequence like
-Hugging Face's ``DynamicCache``; the contiguous and paged allocators place tokens in slots
-of one preallocated pool. Swapping one for another changes no model code.
-
-Token layout in a step (varlen, as in vLLM): the new tokens of all sequences are packed
-into one flat batch of ``num_tokens``; sequence ``i`` owns rows
-``query_start_loc[i]:query_start_loc[i+1]``.
-
-    seq 0: |---- context (cached) ----|== new ==|
-    seq 1: |-- context --|===== new (prefill) =====|
-                                  seq_lens[i] = context + new
+``ForwardBatch`` (which sequences run and how many new tokens each brings) and gets back
+the step's ``StepMetadata`` (``kvlab.cache.step``); then, layer by layer, it ``write``s the
+new keys and values and attention ``read``s each sequence's context back, both through
+that metadata. The naive cache (``kvlab.cache.naive``) grows one tensor per sequence like
+Hugging Face's ``DynamicCache``; the contiguous and paged caches (``PooledKVCache``) place
+tokens in slots of one preallocated pool and keep their bookkeeping in a
+``kvlab.cache.manager.KVCacheManager``. Swapping one for another changes no model code.
 
 Not handled here: allocation policy (each cache decides), sampling, scheduling.
 """
@@ -21,69 +15,27 @@ Not handled here: allocation policy (each cache decides), sampling, scheduling.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+
+from kvlab.cache.step import ForwardBatch, StepMetadata
 
 if TYPE_CHECKING:
     from kvlab.cache.manager import KVCacheManager
 
 
-@dataclass
-class ForwardBatch:
-    """What one forward step computes: which sequences, and which of their tokens.
-
-    Attributes:
-        seq_ids: the requests in this step, in row order.
-        query_start_loc: (num_seqs + 1,) offsets of each sequence's new tokens in the flat batch.
-        seq_lens: (num_seqs,) tokens each sequence holds after this step (context + new).
-        positions: (num_tokens,) position of every new token in its sequence.
-    """
-
-    seq_ids: list[int]
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    positions: torch.Tensor
-
-    @classmethod
-    def build(cls, seq_ids: list[int], num_computed: list[int], num_new: list[int], device=None):
-        """Pack sequences that already hold ``num_computed`` tokens and add ``num_new`` each."""
-        if not (len(seq_ids) == len(num_computed) == len(num_new)):
-            raise ValueError("seq_ids, num_computed and num_new must have the same length")
-        if any(n <= 0 for n in num_new):
-            raise ValueError(f"every sequence must bring at least one new token, got {num_new}")
-        starts = [0]
-        positions = []
-        for done, new in zip(num_computed, num_new, strict=True):
-            starts.append(starts[-1] + new)
-            positions.extend(range(done, done + new))
-        return cls(
-            seq_ids=list(seq_ids),
-            query_start_loc=torch.tensor(starts, dtype=torch.long, device=device),
-            seq_lens=torch.tensor(
-                [d + n for d, n in zip(num_computed, num_new, strict=True)],
-                dtype=torch.long,
-                device=device,
-            ),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-        )
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.query_start_loc[-1])
-
-
 class KVCache(ABC):
     """Storage for the keys and values of many sequences, for every layer.
 
-    Life of a sequence: ``allocate_slots(seq_id, n)`` before each step that adds ``n``
-    tokens (raises ``CacheFullError`` and changes nothing if they cannot fit), then the
-    runner's ``write``/``read`` calls during the step, and ``free(seq_id)`` at the end.
+    Life of a sequence: ``add_request(seq_id, prompt, max_tokens)`` once (a contiguous
+    cache reserves its range, a paged one adopts cached prefix blocks), then
+    ``allocate_slots(seq_id, n, token_ids)`` before each step that adds ``n`` tokens (raises
+    ``CacheFullError`` and changes nothing if they cannot fit), the runner's ``write`` and
+    ``read`` calls during the step, and ``free(seq_id)`` at the end.
     """
 
     num_layers: int
@@ -91,8 +43,19 @@ class KVCache(ABC):
     head_dim: int
 
     @abstractmethod
-    def allocate_slots(self, seq_id: int, num_new_tokens: int) -> None:
-        """Make room for ``num_new_tokens`` more tokens of ``seq_id`` (new or existing)."""
+    def add_request(
+        self, seq_id: int, prompt_token_ids: Sequence[int], max_tokens: int | None = None
+    ) -> int:
+        """Register ``seq_id``; return how many prompt tokens it finds computed already."""
+
+    @abstractmethod
+    def allocate_slots(
+        self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
+    ) -> None:
+        """Make room for ``num_new_tokens`` more tokens of ``seq_id`` (new or existing).
+
+        ``token_ids`` are their ids, where a cache uses them (prefix hashes).
+        """
 
     @abstractmethod
     def free(self, seq_id: int) -> None:
@@ -102,20 +65,17 @@ class KVCache(ABC):
     def num_tokens(self, seq_id: int) -> int:
         """Tokens ``seq_id`` has room for (written, or allocated for this step)."""
 
-    def begin_step(self, batch: ForwardBatch) -> None:  # noqa: B027 (optional hook)
-        """Called once before the layers run; slot-based caches compute slot mappings here."""
+    def begin_step(self, batch: ForwardBatch) -> StepMetadata:
+        """This step's metadata, built once before the layers run (a pool adds its tables)."""
+        return StepMetadata(batch)
 
     @abstractmethod
-    def write(
-        self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor
-    ) -> None:
+    def write(self, layer: int, meta: StepMetadata, key: torch.Tensor, value: torch.Tensor) -> None:
         """Store this step's new keys and values, each (num_tokens, num_kv_heads, head_dim)."""
 
     @abstractmethod
-    def read(
-        self, layer: int, batch: ForwardBatch, index: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of sequence ``batch.seq_ids[index]``, each (seq_len, num_kv_heads, head_dim)."""
+    def read(self, layer: int, meta: StepMetadata, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the step's sequence ``index``, each (seq_len, num_kv_heads, head_dim)."""
 
     @abstractmethod
     def usage(self) -> CacheUsage:
@@ -155,6 +115,37 @@ class PooledKVCache(KVCache):
 
     def usage(self) -> CacheUsage:
         return CacheUsage.of(self.manager.usage(), self.bytes_per_slot)
+
+    def begin_step(self, batch: ForwardBatch) -> StepMetadata:
+        """The step's block table and slot mapping, from the manager's tables, with array ops.
+
+        Raises:
+            ValueError: a sequence runs with more tokens than it holds (allocate first).
+        """
+        size = self.manager.block_size
+        table = self.manager.block_tables(batch.seq_ids, batch.seq_lens.cpu().numpy())
+        # The sequence (row of the block table) of each new token: (num_tokens,)
+        if batch.is_decode:
+            token_rows = np.arange(batch.num_seqs)
+        else:
+            token_rows = np.repeat(
+                np.arange(batch.num_seqs), np.diff(batch.query_start_loc.cpu().numpy())
+            )
+        positions = batch.positions.cpu().numpy()
+        blocks = table[token_rows, positions // size].astype(np.int64)
+        slot_mapping = blocks * size + positions % size
+        return StepMetadata(
+            batch=batch,
+            block_table=torch.from_numpy(table).to(self.device),
+            slot_mapping=torch.from_numpy(slot_mapping).to(self.device),
+            block_size=size,
+        )
+
+    def write(self, layer: int, meta: StepMetadata, key: torch.Tensor, value: torch.Tensor) -> None:
+        kv = self.kv_caches[layer]
+        flat = kv.view(2, -1, self.num_kv_heads, self.head_dim)  # (2, num_slots, H, D)
+        flat[0, meta.slot_mapping] = key.to(kv.dtype)
+        flat[1, meta.slot_mapping] = value.to(kv.dtype)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Give each ``dst`` block the K/V of its ``src`` block (copy-on-write, fork)."""

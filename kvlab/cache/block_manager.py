@@ -31,9 +31,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvlab.cache.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 from kvlab.cache.block_table import BlockTableRows
-from kvlab.cache.manager import CacheFullError, DecodeAllocation, KVCacheManager, KVUsage
+from kvlab.cache.manager import (
+    CacheFullError,
+    DecodeAllocation,
+    KVCacheManager,
+    KVUsage,
+    check_held,
+)
 
 MAX_BLOCK_SIZE = 256
 
@@ -106,6 +114,11 @@ class BlockManager(KVCacheManager):
             num_reserved_slots=self.pool.num_held_blocks * self.block_size,
             num_used_slots=self._num_used_slots,
         )
+
+    def block_tables(self, seq_ids: Sequence[int], seq_lens: np.ndarray) -> np.ndarray:
+        rows = self.rows.rows(seq_ids)  # (num_seqs,) each sequence's row of the mirror
+        check_held(seq_ids, seq_lens, self.rows.num_tokens[rows])
+        return self.rows.gather(rows, -(-seq_lens // self.block_size))
 
     def num_blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
         """Free blocks ``allocate_slots(seq_id, num_new_tokens)`` would take, copies included."""

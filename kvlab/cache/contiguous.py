@@ -21,8 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
-from kvlab.cache.base import BlockInfo, ForwardBatch, PooledKVCache
+from kvlab.cache.base import BlockInfo, PooledKVCache
 from kvlab.cache.contiguous_manager import ContiguousManager
+from kvlab.cache.step import StepMetadata
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
 
@@ -74,8 +75,6 @@ class ContiguousKVCache(PooledKVCache):
             torch.zeros(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=self.device)
             for _ in range(num_layers)
         ]  # each (2, num_slots, num_kv_heads, head_dim)
-        self._step_batch: ForwardBatch | None = None
-        self._slot_mapping: torch.Tensor | None = None
 
     @classmethod
     def from_spec(cls, spec: KVSpec, num_slots: int, **kwargs) -> ContiguousKVCache:
@@ -134,43 +133,10 @@ class ContiguousKVCache(PooledKVCache):
 
     # ---- one step --------------------------------------------------------------------
 
-    def begin_step(self, batch: ForwardBatch) -> None:
-        """Compute this step's ``slot_mapping``: slot of token pos of seq s = start[s] + pos."""
-        starts = []
-        for seq_id, seq_len in zip(batch.seq_ids, batch.seq_lens.tolist(), strict=True):
-            r = self.arena.range_of(seq_id)
-            if seq_len > r.num_tokens:
-                raise ValueError(
-                    f"seq {seq_id} runs with seq_len {seq_len} but holds {r.num_tokens} "
-                    "slots: call allocate_slots first"
-                )
-            starts.append(r.start)
-        num_new = batch.query_start_loc.diff().to(self.device)
-        starts = torch.tensor(starts, dtype=torch.long, device=self.device)
-        self._slot_mapping = torch.repeat_interleave(starts, num_new) + batch.positions.to(
-            self.device
-        )  # (num_tokens,)
-        self._step_batch = batch
-
-    def slot_mapping(self, batch: ForwardBatch) -> torch.Tensor:
-        """(num_tokens,) slot of every new token of ``batch``."""
-        if self._step_batch is not batch:
-            self.begin_step(batch)
-        return self._slot_mapping
-
-    def write(
-        self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor
-    ) -> None:
-        kv = self.kv_caches[layer]  # (2, num_slots, num_kv_heads, head_dim)
-        slots = self.slot_mapping(batch)
-        kv[0, slots] = key.to(kv.dtype)
-        kv[1, slots] = value.to(kv.dtype)
-
-    def read(
-        self, layer: int, batch: ForwardBatch, index: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        start = self.arena.range_of(batch.seq_ids[index]).start
-        seq_len = int(batch.seq_lens[index])
+    def read(self, layer: int, meta: StepMetadata, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # A range's block table row is its slots in order: the first one is where it starts.
+        start = int(meta.block_table[index, 0])
+        seq_len = int(meta.batch.seq_lens[index])
         kv = self.kv_caches[layer]
         # One slice, no gather: each is a (seq_len, num_kv_heads, head_dim) view.
         return kv[0, start : start + seq_len], kv[1, start : start + seq_len]

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvlab.cache.contiguous_arena import ContiguousArena, Range, reservation_size
-from kvlab.cache.manager import KVCacheManager, KVUsage
+from kvlab.cache.manager import KVCacheManager, KVUsage, check_held
 
 
 class ContiguousManager(KVCacheManager):
@@ -55,6 +57,19 @@ class ContiguousManager(KVCacheManager):
     def usage(self) -> KVUsage:
         arena = self.arena
         return KVUsage(arena.num_slots, arena.num_reserved_slots, arena.num_used_slots)
+
+    def external_fragmentation(self, request_size: int | None = None) -> int:
+        return self.arena.external_fragmentation(request_size)
+
+    def block_tables(self, seq_ids: Sequence[int], seq_lens: np.ndarray) -> np.ndarray:
+        """Each row: the slots of one range, in order (a "block" here is one slot)."""
+        ranges = [self.arena.range_of(seq_id) for seq_id in seq_ids]
+        check_held(seq_ids, seq_lens, [r.num_tokens for r in ranges])
+        starts = np.array([r.start for r in ranges], dtype=np.int32)
+        offsets = np.arange(int(seq_lens.max(initial=0)), dtype=np.int32)
+        table = starts[:, None] + offsets[None, :]
+        table[offsets[None, :] >= seq_lens[:, None]] = 0
+        return table
 
     def check_request(self, prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
         need = reservation_size(self.policy, prompt_len, max_tokens, self.max_model_len)

@@ -4,8 +4,9 @@ A KV cache has two halves. The *bookkeeping* decides where every sequence's toke
 which blocks (or which range of slots) it holds, who shares what, what is free. The
 *storage* holds the K/V tensors in those slots (``kvlab.cache.paged``,
 ``kvlab.cache.contiguous``). This module is the interface of the first half, the one the
-scheduler talks to; it is plain Python, so the scheduler, the simulator and a learner's own
-allocator never touch a tensor. Two implementations stand behind it:
+scheduler talks to; it is plain Python (numpy arrays serve the block tables), so the
+scheduler, the simulator and a learner's own allocator never touch a tensor. Two
+implementations stand behind it:
 
     BlockManager       (kvlab.cache.block_manager)   paged: blocks of block_size slots,
                                                      ref_cnt, copy-on-write, prefix cache
@@ -35,6 +36,8 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 class CacheFullError(RuntimeError):
@@ -99,6 +102,23 @@ class KVCacheManager(ABC):
     @abstractmethod
     def usage(self) -> KVUsage:
         """Slots in the pool, reserved by sequences, holding their tokens; O(1)."""
+
+    @abstractmethod
+    def block_tables(self, seq_ids: Sequence[int], seq_lens):
+        """(len(seq_ids), max_blocks) int32 numpy array: each sequence's first blocks, 0-padded.
+
+        Args:
+            seq_ids: the step's sequences.
+            seq_lens: (len(seq_ids),) numpy array, tokens each holds after the step.
+
+        Raises:
+            ValueError: a sequence holds fewer slots than its seq_len (allocate first).
+        """
+
+    def external_fragmentation(self, request_size: int | None = None) -> int:
+        """Free slots that a request of ``request_size`` slots cannot use (0 when any free
+        unit serves any request, as a paged pool's blocks do)."""
+        return 0
 
     def watermark_blocks(self, watermark: float) -> int:
         """Units the admission rule keeps free for a ``watermark`` share of the pool."""
@@ -228,3 +248,18 @@ class KVCacheManager(ABC):
     @abstractmethod
     def free(self, seq_id: int) -> None:
         """Release everything ``seq_id`` holds."""
+
+
+def check_held(seq_ids: Sequence[int], seq_lens, held) -> None:
+    """Refuse a step in which a sequence runs with more tokens than it holds slots for.
+
+    Args:
+        seq_lens, held: numpy arrays (or sequences) of ints, one entry per sequence.
+    """
+    short = np.flatnonzero(np.asarray(seq_lens) > np.asarray(held))
+    if short.size:
+        i = short[0]
+        raise ValueError(
+            f"seq {seq_ids[i]} runs with seq_len {int(seq_lens[i])} but holds {int(held[i])} "
+            "slots: call allocate_slots first"
+        )

@@ -11,9 +11,12 @@ Not handled: a memory limit (it grows until the device runs out), sharing betwee
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from kvlab.cache.base import CacheUsage, ForwardBatch, KVCache
+from kvlab.cache.base import CacheUsage, KVCache
+from kvlab.cache.step import StepMetadata
 
 
 class NaiveKVCache(KVCache):
@@ -27,13 +30,25 @@ class NaiveKVCache(KVCache):
         self._values: dict[int, list[torch.Tensor | None]] = {}
         self._num_tokens: dict[int, int] = {}
 
-    def allocate_slots(self, seq_id: int, num_new_tokens: int) -> None:
+    def add_request(
+        self, seq_id: int, prompt_token_ids: Sequence[int], max_tokens: int | None = None
+    ) -> int:
+        """Register ``seq_id`` with no tokens yet: nothing is reserved, nothing is cached."""
+        if seq_id in self._num_tokens:
+            raise ValueError(f"seq {seq_id} already exists")
+        self._keys[seq_id] = [None] * self.num_layers
+        self._values[seq_id] = [None] * self.num_layers
+        self._num_tokens[seq_id] = 0
+        return 0
+
+    def allocate_slots(
+        self, seq_id: int, num_new_tokens: int, token_ids: Sequence[int] | None = None
+    ) -> None:
+        """Count ``num_new_tokens`` more; the tensors grow when they are written."""
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
         if seq_id not in self._num_tokens:
-            self._keys[seq_id] = [None] * self.num_layers
-            self._values[seq_id] = [None] * self.num_layers
-            self._num_tokens[seq_id] = 0
+            self.add_request(seq_id, ())
         self._num_tokens[seq_id] += num_new_tokens
 
     def free(self, seq_id: int) -> None:
@@ -44,19 +59,16 @@ class NaiveKVCache(KVCache):
         self._check_known(seq_id)
         return self._num_tokens[seq_id]
 
-    def write(
-        self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor
-    ) -> None:
+    def write(self, layer: int, meta: StepMetadata, key: torch.Tensor, value: torch.Tensor) -> None:
+        batch = meta.batch
         starts = batch.query_start_loc.tolist()
         for i, seq_id in enumerate(batch.seq_ids):
             rows = slice(starts[i], starts[i + 1])
             self._keys[seq_id][layer] = _append(self._keys[seq_id][layer], key[rows])
             self._values[seq_id][layer] = _append(self._values[seq_id][layer], value[rows])
 
-    def read(
-        self, layer: int, batch: ForwardBatch, index: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        seq_id = batch.seq_ids[index]
+    def read(self, layer: int, meta: StepMetadata, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seq_id = meta.batch.seq_ids[index]
         return self._keys[seq_id][layer], self._values[seq_id][layer]
 
     def usage(self) -> CacheUsage:

@@ -7,12 +7,8 @@ its last one is full, so at most ``block_size - 1`` slots per sequence are ever 
 The bookkeeping (block tables, ``ref_cnt``, prefix hashes) is ``kvlab.cache.block_manager``;
 this class adds the tensors and copies K/V when a block is copied on write.
 
-Each step the runner gets (page = block, page table = block table):
-
-    block_table   (num_seqs, max_blocks) int32: physical block of each logical block;
-                  entries past a sequence's last block are 0 (padding, never read:
-                  seq_lens bounds every read)
-    slot_mapping  (num_tokens,) int64: slot = block_id * block_size + offset, per new token
+Each step ``begin_step`` hands the runner a ``StepMetadata`` (``kvlab.cache.step``) with
+the batch's ``block_table`` and ``slot_mapping`` (page = block, page table = block table).
 
 Three features on top of plain paging:
 
@@ -33,8 +29,9 @@ Two things keep a step's CPU cost low with thousands of running sequences:
   new slot in one call; only a sequence whose last block is full (or shared) touches the
   block manager's free queue, the others just count one more token.
 * every sequence's block table is also one row of a persistent int32 array, rewritten
-  only where a sequence gains or copies a block; ``begin_step`` gathers the batch's rows
-  and computes ``slot_mapping`` with array ops, with no Python loop over tokens.
+  only where a sequence gains or copies a block (``kvlab.cache.block_table``);
+  ``begin_step`` gathers the batch's rows and computes ``slot_mapping`` with array ops,
+  with no Python loop over tokens.
 
 Not handled: swapping blocks to CPU memory, partial-block prefix hits, sliding windows.
 """
@@ -42,13 +39,12 @@ Not handled: swapping blocks to CPU memory, partial-block prefix hits, sliding w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from kvlab.cache.base import BlockInfo, ForwardBatch, PooledKVCache
+from kvlab.cache.base import BlockInfo, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.step import StepMetadata
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
 
@@ -62,21 +58,6 @@ def num_blocks_for_budget(spec: KVSpec, budget_bytes: int, block_size: int = 16)
             f"({spec.bytes_per_token * block_size} bytes)"
         )
     return num_blocks
-
-
-@dataclass(frozen=True)
-class PagedMetadata:
-    """What a paged-attention kernel needs for one step (all on the cache's device).
-
-    Attributes:
-        block_table: (num_seqs, max_blocks) int32, padded with 0.
-        slot_mapping: (num_tokens,) int64, where each new token's K/V go.
-        seq_lens: (num_seqs,) int32, tokens of each sequence after this step.
-    """
-
-    block_table: torch.Tensor
-    slot_mapping: torch.Tensor
-    seq_lens: torch.Tensor
 
 
 class PagedKVCache(PooledKVCache):
@@ -109,8 +90,6 @@ class PagedKVCache(PooledKVCache):
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
         ]
-        self._step_batch: ForwardBatch | None = None
-        self._metadata: PagedMetadata | None = None
 
     @classmethod
     def from_spec(cls, spec: KVSpec, num_blocks: int, **kwargs) -> PagedKVCache:
@@ -158,7 +137,6 @@ class PagedKVCache(PooledKVCache):
         """
         ids = None if token_ids is None else _int_list(token_ids)
         self.copy_blocks(self.manager.allocate_slots(seq_id, num_new_tokens, ids))
-        self._step_batch = None  # block tables changed
 
     def allocate_decode(
         self, seq_ids: Sequence[int], token_ids: Sequence[int] | None = None
@@ -180,70 +158,16 @@ class PagedKVCache(PooledKVCache):
         ids = None if token_ids is None else _int_list(token_ids)
         result = self.manager.allocate_decode(seq_ids, ids)
         self.copy_blocks(result.copies)
-        self._step_batch = None
         return result.num_allocated
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Start ``child_seq_id`` sharing all of its parent's blocks (no copy, no new block)."""
         self.copy_blocks(self.manager.fork(parent_seq_id, child_seq_id))
 
-    def free(self, seq_id: int) -> None:
-        self.manager.free(seq_id)
-        self._step_batch = None
+    # ---- one step ----------------------------------------------------------------
 
-    # ---- one step --------------------------------------------------------------------
-
-    def begin_step(self, batch: ForwardBatch) -> None:
-        """Build this step's ``PagedMetadata`` (block tables and slot mapping) once."""
-        seq_lens = batch.seq_lens.cpu().numpy()  # (num_seqs,)
-        tables = self.manager.rows
-        rows = tables.rows(batch.seq_ids)  # (num_seqs,) each sequence's table row
-        held = tables.num_tokens[rows]
-        short = np.flatnonzero(seq_lens > held)
-        if short.size:
-            i = short[0]
-            raise ValueError(
-                f"seq {batch.seq_ids[i]} runs with seq_len {seq_lens[i]} but holds "
-                f"{held[i]} slots: call allocate_slots first"
-            )
-        block_table = tables.gather(rows, -(-seq_lens // self.block_size))
-        # The sequence (row of block_table) of each new token: (num_tokens,)
-        if len(batch.positions) == batch.num_seqs:
-            token_rows = np.arange(batch.num_seqs)  # a decode step: one token each
-        else:
-            token_rows = np.repeat(
-                np.arange(batch.num_seqs), np.diff(batch.query_start_loc.cpu().numpy())
-            )
-        positions = batch.positions.cpu().numpy()
-        blocks = block_table[token_rows, positions // self.block_size].astype(np.int64)
-        slot_mapping = blocks * self.block_size + positions % self.block_size
-        self._metadata = PagedMetadata(
-            block_table=torch.from_numpy(block_table).to(self.device),
-            slot_mapping=torch.from_numpy(slot_mapping).to(self.device),
-            seq_lens=torch.from_numpy(seq_lens).to(self.device, torch.int32),
-        )
-        self._step_batch = batch
-
-    def metadata(self, batch: ForwardBatch) -> PagedMetadata:
-        """This step's block tables and slot mapping (built by ``begin_step`` if needed)."""
-        if self._step_batch is not batch:
-            self.begin_step(batch)
-        return self._metadata
-
-    def write(
-        self, layer: int, batch: ForwardBatch, key: torch.Tensor, value: torch.Tensor
-    ) -> None:
-        slots = self.metadata(batch).slot_mapping
-        kv = self.kv_caches[layer]  # (2, num_blocks, block_size, num_kv_heads, head_dim)
-        flat = kv.view(2, -1, self.num_kv_heads, self.head_dim)  # (2, num_slots, H, D)
-        flat[0, slots] = key.to(kv.dtype)
-        flat[1, slots] = value.to(kv.dtype)
-
-    def read(
-        self, layer: int, batch: ForwardBatch, index: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        meta = self.metadata(batch)
-        seq_len = int(batch.seq_lens[index])
+    def read(self, layer: int, meta: StepMetadata, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seq_len = int(meta.batch.seq_lens[index])
         blocks = meta.block_table[index, : -(-seq_len // self.block_size)].long()
         kv = self.kv_caches[layer]
         # Gather the sequence's blocks in logical order, then drop the unfilled tail.

@@ -1,0 +1,79 @@
+"""The package's seams hold: who may import what, and who may ask a cache its class.
+
+The scheduler plans with KV bookkeeping only (``kvlab.cache.manager``), never with a
+tensor or a tensor cache; code outside ``kvlab/cache/`` talks to caches through their
+interfaces and never branches on a cache's class.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kvlab
+
+PACKAGE = Path(kvlab.__file__).parent
+CACHE_CLASSES = {
+    "NaiveKVCache",
+    "ContiguousKVCache",
+    "PagedKVCache",
+    "BlockManager",
+    "ContiguousManager",
+    "ContiguousArena",
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_scheduler_imports_no_torch_and_no_tensor_cache():
+    modules = imported_modules(PACKAGE / "scheduler.py")
+    assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
+    cache_modules = {m for m in modules if m.startswith("kvlab.cache")}
+    assert cache_modules <= {"kvlab.cache.manager", "kvlab.cache.swap"}, cache_modules
+
+
+def test_the_bookkeeping_imports_no_torch():
+    for name in (
+        "manager",
+        "block_pool",
+        "block_table",
+        "block_manager",
+        "contiguous_arena",
+        "contiguous_manager",
+    ):
+        modules = imported_modules(PACKAGE / "cache" / f"{name}.py")
+        assert "torch" not in modules, name
+        assert not {
+            m
+            for m in modules
+            if m.startswith("kvlab.")
+            and m
+            not in {
+                "kvlab.cache.manager",
+                "kvlab.cache.block_pool",
+                "kvlab.cache.block_table",
+                "kvlab.cache.contiguous_arena",
+            }
+        }, name
+
+
+def test_nothing_outside_the_cache_package_asks_a_cache_its_class():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name == "cache":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                if names & CACHE_CLASSES:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not offenders, offenders
