@@ -1,11 +1,20 @@
 """kvlab: a small, tested inference engine for learning how LLM servers manage the KV cache.
 
-The modules follow the labs: ``models`` and ``env`` (lab 00), ``memory``, ``runner``,
-``naive_hf`` and ``cache.naive`` (lab 01), ``cache.contiguous`` and ``experiments`` (lab 02),
-``cache.paged`` and ``simulator`` (lab 03), ``scheduler``, ``engine``, ``llm`` and ``replay``
-(lab 04), ``kernels`` (lab 05), ``capstone`` and ``bench`` (labs 06 and 07).
+The subpackages follow the labs:
 
-The names below are imported on first use, so that ``import kvlab.simulator`` (no model)
+    env, memory        lab 00: the machine, and KV bytes from a model's config
+    model              labs 00-01: load SmolLM2, kvlab's own forward pass, a greedy loop
+    cache              labs 01-03, 06: where K/V live (naive, contiguous, paged) and the
+                       bookkeeping behind them (block manager, prefix cache, swap)
+    attention          labs 01, 05: the attention backends (reference, sdpa, triton)
+    engine             lab 04 on: requests, scheduler, LLMEngine, LLM, metrics
+    sim                labs 03, 07: traces replayed at data-center scale, no model
+    measure            every lab's measurements, and the benchmarks
+    widgets            page map, memory gauge, batching panel
+    exercises          the labs' questions and their checks
+    kernels            lab 05: the Triton kernels (the repository's top-level kernels/)
+
+The names below are imported on first use, so that ``import kvlab.sim`` (no model)
 does not pay for importing transformers.
 """
 
@@ -16,10 +25,10 @@ import importlib
 from kvlab.env import EnvReport, default_device, env_report
 
 _LAZY = {
-    "LLM": "kvlab.llm",
-    "SamplingParams": "kvlab.sampling_params",
-    "chat_prompt": "kvlab.models",
-    "load_model": "kvlab.models",
+    "LLM": "kvlab.engine.llm",
+    "SamplingParams": "kvlab.engine.sampling_params",
+    "chat_prompt": "kvlab.model.loading",
+    "load_model": "kvlab.model.loading",
 }
 
 __all__ = ["LLM", "EnvReport", "SamplingParams", "chat_prompt", "default_device", "env_report"]

@@ -5,7 +5,7 @@
     check("01.kv_bytes_llama3_8b", answer)   # "Correct ..." or a hint
 
 Every answer is computed from kvlab itself (``kvlab.memory`` presets, the padding account
-of ``kvlab.naive_hf``, the allocators of ``kvlab.cache``), never typed in, so it follows the
+of ``kvlab.measure.naive_hf``, the allocators of ``kvlab.cache``), never typed in, so it follows the
 library. A wrong answer that
 matches a known mistake gets that mistake's hint; any other gets the exercise's general
 hint; ``None`` (the placeholder in the labs) gets a reminder to fill it in.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.contiguous_arena import ContiguousArena, reservation_size
+from kvlab.measure.naive_hf import padded_cache_slots
 from kvlab.memory import GIB, preset
-from kvlab.naive_hf import padded_cache_slots
 
 
 @dataclass(frozen=True)
@@ -480,7 +480,7 @@ def _dynamic_start() -> float:
 
 def _watermark_free_blocks() -> int:
     """Free blocks needed to admit: the prompt's blocks plus the reserve that must stay."""
-    reserve = math.ceil(_WATERMARK_THRESHOLD * _WATERMARK_NUM_BLOCKS)  # as kvlab.scheduler
+    reserve = math.ceil(_WATERMARK_THRESHOLD * _WATERMARK_NUM_BLOCKS)  # as kvlab.engine.scheduler
     return _WATERMARK_PROMPT_BLOCKS + reserve
 
 

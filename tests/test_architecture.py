@@ -35,7 +35,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_scheduler_imports_no_torch_and_no_tensor_cache():
-    modules = imported_modules(PACKAGE / "scheduler.py")
+    modules = imported_modules(PACKAGE / "engine" / "scheduler.py")
     assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
     cache_modules = {m for m in modules if m.startswith("kvlab.cache")}
     assert cache_modules <= {"kvlab.cache.manager", "kvlab.cache.swap"}, cache_modules

@@ -20,10 +20,10 @@ from conftest import random_prompts
 from test_runner import hf_greedy_batch
 
 from kvlab.cache import CacheFullError, ContiguousKVCache, KVCache, NaiveKVCache, PagedKVCache
-from kvlab.experiments import serve
-from kvlab.generate import greedy_generate
-from kvlab.models import chat_prompt
-from kvlab.runner import ModelRunner
+from kvlab.measure.experiments import serve
+from kvlab.model.greedy import greedy_generate
+from kvlab.model.loading import chat_prompt
+from kvlab.model.runner import ModelRunner
 
 NEW_TOKENS = 24
 NUM_SLOTS = 2048  # KV capacity of every bounded cache, in token slots

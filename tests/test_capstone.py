@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.bench import make_workload, mismatches, run_hf_one_at_a_time
-from kvlab.capstone import hf_peak_kv_slots, run_engine
-from kvlab.naive_hf import left_pad
+from kvlab.measure.bench import make_workload, mismatches, run_hf_one_at_a_time
+from kvlab.measure.capstone import hf_peak_kv_slots, run_engine
+from kvlab.measure.naive_hf import left_pad
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 64  # every request of the workload below fits in one 64-slot reservation
@@ -93,7 +93,7 @@ def test_hf_peak_kv_slots_refuses_an_empty_batch(workload):
 
 def test_hf_padded_batches_match_hf_one_at_a_time(tiny, workload):
     """The benchmark's padded-batch baseline produces the same greedy tokens."""
-    from kvlab.bench import run_hf_one_at_a_time, run_hf_static_padded
+    from kvlab.measure.bench import run_hf_one_at_a_time, run_hf_static_padded
 
     padded = run_hf_static_padded(tiny, workload, batch_size=4)
     assert padded.outputs == run_hf_one_at_a_time(tiny, workload).outputs

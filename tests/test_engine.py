@@ -21,9 +21,9 @@ from kvlab.cache.base import ForwardBatch
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
-from kvlab.generate import greedy_generate
-from kvlab.metrics import ManualClock, percentile
-from kvlab.runner import ModelRunner
+from kvlab.engine.metrics import ManualClock, percentile
+from kvlab.model.greedy import greedy_generate
+from kvlab.model.runner import ModelRunner
 
 NEW_TOKENS = 24
 LENGTHS = [1, 7, 30, 45, 3, 17]

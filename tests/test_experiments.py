@@ -10,14 +10,14 @@ import pytest
 from conftest import random_prompts
 
 from kvlab.cache import CacheFullError, ContiguousKVCache, NaiveKVCache, PagedKVCache
-from kvlab.experiments import (
+from kvlab.measure.experiments import (
     Fragmentation,
     block_size_tradeoff,
     fragmentation,
     max_concurrency,
     serve,
 )
-from kvlab.runner import ModelRunner
+from kvlab.model.runner import ModelRunner
 
 SHAPE = (2, 2, 4)  # num_layers, num_kv_heads, head_dim of the bookkeeping-only caches
 

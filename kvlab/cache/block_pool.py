@@ -3,7 +3,7 @@
 Paged allocation cuts the KV memory into ``num_blocks`` blocks of ``block_size`` token
 slots (the seed article says "page"; kvlab says block). This module only does the
 bookkeeping, in pure Python, so the tensor cache (``kvlab.cache.paged``) and the
-model-free memory simulator (``kvlab.simulator``) run the very same logic.
+model-free memory simulator (``kvlab.sim.simulator``) run the very same logic.
 
 Every block has a ``ref_cnt``: how many sequences hold it. A block with ``ref_cnt == 0``
 is free. A free block that still carries a ``block_hash`` is *cached*: its K/V are intact,

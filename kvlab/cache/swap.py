@@ -11,7 +11,7 @@ to a pool of CPU blocks first, so later they are copied back instead of recomput
                                                       prefix cache is adopted, not copied)
 
 The copy back is the seed article's "Prefetch Engine": the scheduler starts it one step
-*before* the sequence runs again (``kvlab.scheduler``), so on a GPU it overlaps with the
+*before* the sequence runs again (``kvlab.engine.scheduler``), so on a GPU it overlaps with the
 step that is computing meanwhile: the copy runs on a side CUDA stream from pinned memory
 (``non_blocking=True``), and the next forward waits for it on the GPU (``wait``), never on
 the CPU. On a CPU-only machine the copies are plain tensor copies.

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvlab.request import Request
+from kvlab.engine.request import Request
 
 # ---- clocks --------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 This is the simplest loop that uses a KV cache: one prefill step computes every prompt's
 K/V, then each decode step feeds one new token per unfinished sequence and reads the rest
 from the cache. All sequences start together and the batch only shrinks (no new requests
-join): scheduling and batching policies come with ``kvlab.engine``.
+join): scheduling and batching policies come with ``kvlab.engine.llm_engine``.
 
 Not handled: sampling (see the engine), stop strings, admission control.
 """
@@ -16,7 +16,7 @@ import torch
 
 from kvlab.cache.base import KVCache
 from kvlab.cache.step import ForwardBatch
-from kvlab.runner import ModelRunner
+from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]
 

@@ -29,14 +29,14 @@ from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.contiguous_arena import POLICIES as RESERVATION_POLICIES
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.swap import SwapSpace
-from kvlab.engine import LLMEngine
+from kvlab.engine.llm_engine import LLMEngine
+from kvlab.engine.metrics import StepStats
+from kvlab.engine.outputs import RequestOutput
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler import SchedulerConfig
 from kvlab.memory import GIB
-from kvlab.metrics import StepStats
-from kvlab.models import load_model
-from kvlab.outputs import RequestOutput
-from kvlab.runner import ModelRunner
-from kvlab.sampling_params import SamplingParams
-from kvlab.scheduler import SchedulerConfig
+from kvlab.model.loading import load_model
+from kvlab.model.runner import ModelRunner
 
 KV_CACHES = ("paged", "contiguous")
 DEFAULT_CPU_KV_BYTES = GIB
@@ -71,12 +71,12 @@ class LLM:
             kernels); see ``kvlab.attention``.
         page_reuse_threshold: admission watermark in [0, 1): the share of the KV pool that
             must stay reusable after a new request takes its blocks (see
-            ``kvlab.scheduler.SchedulerConfig``).
+            ``kvlab.engine.scheduler.SchedulerConfig``).
         reservation_policy: contiguous only: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
         device: where the model and KV live; None picks CUDA when present.
         dtype: weights and KV dtype (float32 keeps results equal to transformers on a CPU).
         seed: seeds sampled requests that bring no seed of their own.
-        clock: ``kvlab.metrics.WallClock()`` (default) or ``ManualClock(step_seconds)``.
+        clock: ``kvlab.engine.metrics.WallClock()`` (default) or ``ManualClock(step_seconds)``.
     """
 
     def __init__(

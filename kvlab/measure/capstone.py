@@ -1,6 +1,6 @@
 """The capstone's measurements: one workload, naive Hugging Face against kvlab's two caches.
 
-Lab 07 asks the seed article's question on this machine. ``kvlab.bench`` already has the
+Lab 07 asks the seed article's question on this machine. ``kvlab.measure.bench`` already has the
 workload, the Hugging Face baselines and the token-identical check; this module adds what
 the capstone needs beside them:
 
@@ -17,7 +17,7 @@ the capstone needs beside them:
              --> run_engine(contiguous)        + peak running, peak KV share
              --> run_engine(paged)             + peak running, peak KV share
 
-Not handled: sampling (greedy only, like ``kvlab.bench``), latency targets (the
+Not handled: sampling (greedy only, like ``kvlab.measure.bench``), latency targets (the
 PagedAttention paper compares throughput at equal latency), GPU timing.
 """
 
@@ -26,9 +26,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kvlab.bench import Result, Workload
-from kvlab.metrics import StepStats
-from kvlab.sampling_params import SamplingParams
+from kvlab.engine.metrics import StepStats
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.measure.bench import Result, Workload
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,9 @@ class EngineRun:
     """One workload through ``kvlab.LLM``.
 
     Attributes:
-        result: name, seconds, output tokens and mean KV utilization, as ``kvlab.bench``
+        result: name, seconds, output tokens and mean KV utilization, as ``kvlab.measure.bench``
             reports every method (so ``bench.format_table`` and ``bench.mismatches`` apply).
-        steps: what every engine step did (``kvlab.metrics.StepStats``), in order.
+        steps: what every engine step did (``kvlab.engine.metrics.StepStats``), in order.
         kv_usage_peak: the largest share of the KV pool held at the end of a step (0..1).
         num_preemptions: running requests that lost their KV memory to another.
     """
@@ -82,7 +82,7 @@ def run_engine(
 
     Args:
         model: a loaded transformers model (shared by every method of a comparison).
-        workload: prompts and output lengths (``kvlab.bench.make_workload``).
+        workload: prompts and output lengths (``kvlab.measure.bench.make_workload``).
         kv_cache: ``"paged"`` or ``"contiguous"``; the contiguous cache gets the same token
             slots, ``num_blocks * block_size``, in one arena.
         num_blocks: the KV budget, in blocks of ``block_size`` tokens.
@@ -91,7 +91,7 @@ def run_engine(
         reservation_policy: contiguous only: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
         name: the label in tables; default ``"kvlab-<kv_cache>"``.
     """
-    from kvlab.llm import LLM
+    from kvlab.engine.llm import LLM
 
     llm = LLM(
         model,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab.metrics import RequestMetrics
+from kvlab.engine.metrics import RequestMetrics
 
 
 @dataclass(frozen=True)

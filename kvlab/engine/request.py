@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvlab.sampling_params import SamplingParams
+from kvlab.engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

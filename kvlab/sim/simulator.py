@@ -31,7 +31,7 @@ maximum length) to 38.2% (Orca, knowing every output length). The seed article s
 ``reproduce_seed()`` runs that setting (and the paper's own, OPT-13B) and prints kvlab's
 figures beside the published ones:
 
-    python -m kvlab.simulator
+    python -m kvlab.sim
 
 Memory is measured while requests wait for it (see ``SimResult``). Paged preemption here
 always recomputes; the preempted request keeps its generated tokens and prefills them again.

@@ -35,13 +35,13 @@ from kvlab.cache.base import PooledKVCache
 from kvlab.cache.manager import CacheFullError
 from kvlab.cache.step import ForwardBatch
 from kvlab.cache.swap import SwapSpace
-from kvlab.metrics import RequestMetrics, RunMetrics, StepStats, WallClock
-from kvlab.outputs import CompletionOutput, RequestOutput
-from kvlab.request import Request, RequestStatus
-from kvlab.runner import ModelRunner
-from kvlab.sampler import make_generator, sample
-from kvlab.sampling_params import SamplingParams
-from kvlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvlab.engine.metrics import RequestMetrics, RunMetrics, StepStats, WallClock
+from kvlab.engine.outputs import CompletionOutput, RequestOutput
+from kvlab.engine.request import Request, RequestStatus
+from kvlab.engine.sampler import make_generator, sample
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[StepStats], None]
 
@@ -50,7 +50,7 @@ class LLMEngine:
     """Owns the runner, the cache and the scheduler; ``step()`` advances every request.
 
     Args:
-        runner: the model (``kvlab.runner.ModelRunner``).
+        runner: the model (``kvlab.model.runner.ModelRunner``).
         cache: a ``PagedKVCache`` or ``ContiguousKVCache`` shaped like the model.
         scheduler_config: batching policy and limits.
         swap_space: CPU block pool, needed when ``preemption_mode="swap"``.

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvlab.request import Request
+from kvlab.engine.request import Request
 
 
 def sample(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:

@@ -3,7 +3,7 @@
 Labs 02 (contiguous) and 03 (paged) ask each allocator the same questions:
 
 * ``serve``: greedy generation for a list of requests, where each request deals with the
-  cache the way a server's requests do (``kvlab.generate.greedy_generate`` does none of it):
+  cache the way a server's requests do (``kvlab.model.greedy.greedy_generate`` does none of it):
   it declares itself (``add_request``: a contiguous reservation, or a paged prefix-cache
   lookup that may skip part of its prefill), names the tokens it stores (so full blocks get
   a ``block_hash``), may arrive at a later step, and is *refused*, with the cache's reason,
@@ -37,7 +37,7 @@ from kvlab.cache.base import KVCache, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import CacheFullError
 from kvlab.cache.step import ForwardBatch
-from kvlab.runner import ModelRunner
+from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]
 

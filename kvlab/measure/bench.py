@@ -1,7 +1,7 @@
 """Benchmarks: kvlab's engine against Hugging Face transformers, and the scheduler alone.
 
-End to end (``python -m kvlab.bench``): one seeded workload of requests with ShareGPT-like
-lengths (``kvlab.simulator.make_trace``, scaled down to a small model) goes through
+End to end (``python -m kvlab.measure.bench``): one seeded workload of requests with ShareGPT-like
+lengths (``kvlab.sim.simulator.make_trace``, scaled down to a small model) goes through
 
     hf-one-at-a-time   ``model.generate``, one request after the other (batch 1)
     hf-static-padded   ``model.generate`` on left-padded batches of max_num_seqs requests;
@@ -16,10 +16,10 @@ generates exactly its output length). It checks that every method produced the s
 tokens, and prints tokens/s, the ratios against hf-one-at-a-time and hf-generate-batch,
 and how much of the held KV memory held tokens (KV utilization).
 
-    python -m kvlab.bench --num-requests 16 --max-tokens 32     # a few minutes on a CPU
-    python -m kvlab.bench --threads 1 --repeat 2                # steadier on a shared machine
+    python -m kvlab.measure.bench --num-requests 16 --max-tokens 32   # a few minutes on a CPU
+    python -m kvlab.measure.bench --threads 1 --repeat 2              # steadier when shared
 
-Scheduler overhead (``python -m kvlab.bench --scheduler-only``): no model; 1,000 and
+Scheduler overhead (``python -m kvlab.measure.bench --scheduler-only``): no model; 1,000 and
 10,000 running sequences decode through ``Scheduler.schedule`` with a real block manager,
 plus the block-table preparation a forward step needs, and the cost is reported in
 microseconds per sequence per step.
@@ -41,10 +41,10 @@ import torch
 from kvlab.cache.manager import DecodeAllocation
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
-from kvlab.request import Request
-from kvlab.sampling_params import SamplingParams
-from kvlab.scheduler import Scheduler, SchedulerConfig
-from kvlab.simulator import make_trace
+from kvlab.engine.request import Request
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler import Scheduler, SchedulerConfig
+from kvlab.sim.simulator import make_trace
 
 # ---- the workload --------------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ def run_hf_one_at_a_time(model, workload: Workload) -> Result:
 def run_hf_static_padded(model, workload: Workload, batch_size: int) -> Result:
     from transformers import GenerationConfig
 
-    from kvlab.naive_hf import left_pad
+    from kvlab.measure.naive_hf import left_pad
 
     outputs, held, used = [], 0, 0
     start = time.perf_counter()
@@ -173,7 +173,7 @@ def run_hf_generate_batch(model, workload: Workload, num_blocks: int, args) -> R
 
 
 def run_kvlab(model, workload: Workload, scheduling: str, num_blocks: int, args) -> Result:
-    from kvlab.llm import LLM
+    from kvlab.engine.llm import LLM
 
     llm = LLM(
         model,
@@ -250,7 +250,7 @@ def format_table(results: list[Result], num_tokens: int) -> str:
 
 
 def run_end_to_end(args) -> None:
-    from kvlab.models import load_model
+    from kvlab.model.loading import load_model
 
     model, tokenizer = load_model(args.model, device=args.device)
     special = tuple(getattr(tokenizer, "all_special_ids", ()) or ()) if tokenizer else ()
@@ -391,7 +391,7 @@ def run_scheduler_only(args) -> None:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m kvlab.bench", description=__doc__.split("\n")[0]
+        prog="python -m kvlab.measure.bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default=None)

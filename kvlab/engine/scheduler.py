@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvlab.cache.manager import CacheFullError, KVCacheManager
-from kvlab.request import Request, RequestStatus
+from kvlab.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from kvlab.cache.swap import SwapSpace

@@ -1,0 +1,7 @@
+"""The model (labs 00-01): load SmolLM2 offline, and kvlab's own forward pass over any cache.
+
+loading   load_model: SmolLM2 from its wheel, local folders, tiny test models; chat_prompt
+runner    ModelRunner: a Llama-family forward pass that reads and writes K/V through a
+          kvlab.cache.KVCache and calls a kvlab.attention backend
+greedy    greedy_generate: the simplest loop over a cache, a fixed batch (lab 01)
+"""
