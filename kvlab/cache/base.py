@@ -91,18 +91,20 @@ class PooledKVCache(KVCache):
 
     Attributes:
         manager: the bookkeeping.
-        kv_caches: per layer, one tensor whose dim 1 indexes the manager's blocks.
+        kv_caches: per layer, one tensor whose dim 1 indexes the manager's blocks. With
+            ``num_layers=0`` there is none: the cache is bookkeeping only, for a model-free
+            run (``kvlab.engine.model_free``).
     """
 
     manager: KVCacheManager
     kv_caches: list[torch.Tensor]
+    dtype: torch.dtype
     device: torch.device
 
     @property
     def bytes_per_slot(self) -> int:
         """K and V bytes of one token, all layers."""
-        element = self.kv_caches[0].element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.manager

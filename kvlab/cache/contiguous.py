@@ -70,6 +70,7 @@ class ContiguousKVCache(PooledKVCache):
         if cell_size <= 0:
             raise ValueError(f"cell_size must be >= 1, got {cell_size}")
         self.cell_size = cell_size
+        self.dtype = dtype
         self.device = torch.device(device) if device is not None else default_device()
         self.kv_caches = [
             torch.zeros(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=self.device)

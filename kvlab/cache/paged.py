@@ -85,6 +85,7 @@ class PagedKVCache(PooledKVCache):
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.block_size = block_size
+        self.dtype = dtype
         self.device = torch.device(device) if device is not None else default_device()
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches = [

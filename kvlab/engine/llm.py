@@ -18,6 +18,7 @@ multi-modal inputs, tensor parallelism, online serving.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -216,7 +217,9 @@ class LLM:
                 request_id = str(self._request_counter)
                 self._request_counter += 1
                 arrival = None if arrivals[i] is None else start + arrivals[i]
-                engine.add_request(request_id, prompt, params[i], arrival, priority[i] or 0)
+                # Only finished outputs are kept here: the engine need not build the others.
+                final_only = dataclasses.replace(params[i], output_kind="final_only")
+                engine.add_request(request_id, prompt, final_only, arrival, priority[i] or 0)
                 ids.append(request_id)
         except ValueError as error:
             for request_id in ids:

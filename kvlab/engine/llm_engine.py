@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,6 +45,8 @@ from kvlab.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[StepStats], None]
+_REQUEST_ID = operator.attrgetter("request_id")
+_SAMPLE_INDEX = operator.attrgetter("sample_index")
 
 
 class LLMEngine:
@@ -188,8 +191,9 @@ class LLMEngine:
 
         Returns:
             one ``RequestOutput`` per request that got a new token this step (finished
-            ones included). When nothing can run yet, the clock moves on to the next
-            arrival (or batch timeout) and the list is empty.
+            ones included; a running one only if its ``output_kind`` is "cumulative").
+            When nothing can run yet, the clock moves on to the next arrival (or batch
+            timeout) and the list is empty.
         """
         now = self.clock.now()
         self._move_arrivals(now)
@@ -206,10 +210,11 @@ class LLMEngine:
         logits = self._forward(out)  # (num_seqs, vocab_size)
         self.clock.tick()
         now = self.clock.now()
-        finished, touched = self._update(out, logits, now)
+        finished, touched, num_decode = self._update(out, logits, now)
         self.scheduler.finish_running(finished)
-        outputs = [self._output(request_id, now) for request_id in touched]
-        self._record_step(out, finished, now)
+        outputs = [self._output(request_id) for request_id in touched]
+        outputs = [output for output in outputs if output is not None]
+        self._record_step(out, finished, num_decode, now)
         return outputs
 
     def _forward(self, out: SchedulerOutput) -> torch.Tensor:
@@ -229,9 +234,17 @@ class LLMEngine:
         return self.runner.forward(ids, batch, self.cache)
 
     def _update(self, out: SchedulerOutput, logits: torch.Tensor, now: float):
-        """Count computed tokens, sample where a sequence is complete, fork, spot the finished."""
+        """Count computed tokens, sample where a sequence is complete, fork, spot the finished.
+
+        Returns:
+            the finished samples, the ids of the requests that got a token, and how many
+            of the step's sequences decoded (the rest computed prompt tokens).
+        """
         rows = []
+        num_decode = 0  # a decode computes the token sampled last step: it is past the prompt
         for i, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens, strict=True)):
+            if num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens:
+                num_decode += 1
             request.num_computed_tokens += num_new
             if request.num_computed_tokens == request.num_tokens:
                 rows.append(i)  # a prefill chunk that is not the last one samples nothing
@@ -247,7 +260,7 @@ class LLMEngine:
                 request.finished_time = now
                 finished.append(request)
             touched[request.request_id] = None
-        return finished, list(touched)
+        return finished, list(touched), num_decode
 
     def _fork(self, parent: Request, logits_row: torch.Tensor, now: float) -> list[Request]:
         """Start samples 1..n-1 of ``parent``, sharing its prompt's blocks; return finished."""
@@ -299,49 +312,56 @@ class LLMEngine:
 
     # ---- outputs and metrics -------------------------------------------------------------
 
-    def _output(self, request_id: str, now: float) -> RequestOutput:
+    def _output(self, request_id: str) -> RequestOutput | None:
+        """The request's output now; None while it runs, if it asked for the final one only."""
+        # NOTE: this runs for every request that got a token, every step: no sort for a
+        # single sample, and positional arguments (keyword ones cost more per call).
         samples = self._samples[request_id]
         parent = samples[0]
-        n = parent.sampling_params.n
-        done = len(samples) == n and all(s.is_finished for s in samples)
+        if len(samples) == 1:
+            done = parent.finish_reason is not None and parent.sampling_params.n == 1
+        else:
+            samples = sorted(samples, key=lambda s: s.sample_index)
+            n = parent.sampling_params.n
+            done = len(samples) == n and all(s.is_finished for s in samples)
+        if not done and parent.sampling_params.output_kind == "final_only":
+            return None
         completions = [
             CompletionOutput(
-                index=s.sample_index,
-                text=self._decode(s.output_token_ids) if s.is_finished else None,
-                token_ids=list(s.output_token_ids),
-                finish_reason=s.finish_reason,
+                s.sample_index,
+                self._decode(s.output_token_ids) if s.is_finished else None,
+                s.output_token_ids.copy(),
+                s.finish_reason,
             )
-            for s in sorted(samples, key=lambda s: s.sample_index)
+            for s in samples
         ]
         metrics = None
         if done:
             metrics = RequestMetrics.of(samples)
             self.metrics.requests.append(metrics)
             del self._samples[request_id]
-        return RequestOutput(
-            request_id=request_id,
-            prompt=self._prompts.pop(request_id) if done else self._prompts[request_id],
-            prompt_token_ids=parent.prompt_token_ids,
-            outputs=completions,
-            finished=done,
-            metrics=metrics,
-        )
+        prompt = self._prompts.pop(request_id) if done else self._prompts[request_id]
+        token_ids = parent.prompt_token_ids
+        return RequestOutput(request_id, prompt, token_ids, completions, done, metrics)
 
-    def _record_step(self, out: SchedulerOutput, finished: list[Request], now: float) -> None:
+    def _record_step(
+        self, out: SchedulerOutput, finished: list[Request], num_decode: int, now: float
+    ) -> None:
         scheduler = self.scheduler
-        usage = self.cache.usage()
-        # A decode computes the one token sampled last step (so it is past the prompt).
-        num_decode = sum(
-            1
-            for r, n in zip(out.requests, out.num_new_tokens, strict=True)
-            if n == 1 and r.num_computed_tokens > r.num_prompt_tokens
-        )
+        usage = self.kv.usage()  # counted as blocks come and go: O(1)
+        requests = out.requests
         stats = StepStats(
             step=self._num_steps,
             time=now,
+            # (request_id, sample_index, num_new_tokens) per sequence, zipped in C: this
+            # runs over every running sequence every step.
             scheduled=tuple(
-                (r.request_id, r.sample_index, n)
-                for r, n in zip(out.requests, out.num_new_tokens, strict=True)
+                zip(
+                    map(_REQUEST_ID, requests),
+                    map(_SAMPLE_INDEX, requests),
+                    out.num_new_tokens,
+                    strict=True,
+                )
             ),
             num_prefill_tokens=out.num_tokens - num_decode,
             num_decode_tokens=num_decode,
@@ -353,8 +373,10 @@ class LLMEngine:
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
             num_swapped=len(scheduler.swapped),
-            kv_usage=usage.reserved_bytes / usage.capacity_bytes if usage.capacity_bytes else 0.0,
-            kv_utilization=usage.utilization,
+            kv_usage=usage.num_reserved_slots / usage.num_slots,
+            kv_utilization=usage.num_used_slots / usage.num_reserved_slots
+            if usage.num_reserved_slots
+            else 1.0,
             num_free_blocks=self.kv.num_free_blocks,
         )
         self._num_steps += 1

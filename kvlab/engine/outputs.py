@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kvlab.engine.metrics import RequestMetrics
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CompletionOutput:
     """One sample of a request.
 
@@ -33,7 +33,7 @@ class CompletionOutput:
     finish_reason: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestOutput:
     """A request's prompt and its samples so far.
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+OUTPUT_KINDS = ("cumulative", "final_only")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -33,6 +35,10 @@ class SamplingParams:
             which other requests share the batch. Sample ``i`` of ``n`` uses ``seed + i``.
         ignore_eos: keep generating after the end-of-sequence token (benchmarks use it).
         stop_token_ids: more token ids that end a sample (the stop token is kept).
+        output_kind: when ``LLMEngine.step`` reports this request: ``"cumulative"`` after
+            every token (for streaming), ``"final_only"`` once it has finished (what
+            ``LLM.generate`` asks for, as vLLM's does: it saves an output object per
+            running request per step).
     """
 
     temperature: float = 1.0
@@ -43,6 +49,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] | None = None
+    output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature, "a number >= 0 (0 means greedy)")
@@ -70,6 +77,8 @@ class SamplingParams:
             if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop):
                 _fail("stop_token_ids", self.stop_token_ids, "None or token ids (ints >= 0)")
             object.__setattr__(self, "stop_token_ids", stop)
+        if self.output_kind not in OUTPUT_KINDS:
+            _fail("output_kind", self.output_kind, f"one of {OUTPUT_KINDS}")
 
     @property
     def greedy(self) -> bool:

@@ -1,4 +1,4 @@
-"""Benchmarks: kvlab's engine against Hugging Face transformers, and the scheduler alone.
+"""Benchmarks: kvlab's engine against Hugging Face transformers, end to end.
 
 End to end (``python -m kvlab.measure.bench``): one seeded workload of requests with ShareGPT-like
 lengths (``kvlab.sim.simulator.make_trace``, scaled down to a small model) goes through
@@ -19,10 +19,7 @@ and how much of the held KV memory held tokens (KV utilization).
     python -m kvlab.measure.bench --num-requests 16 --max-tokens 32   # a few minutes on a CPU
     python -m kvlab.measure.bench --threads 1 --repeat 2              # steadier when shared
 
-Scheduler overhead (``python -m kvlab.measure.bench --scheduler-only``): no model; 1,000 and
-10,000 running sequences decode through ``Scheduler.schedule`` with a real block manager,
-plus the block-table preparation a forward step needs, and the cost is reported in
-microseconds per sequence per step.
+The engine's own cost per step, with no model, is ``kvlab.measure.engine_overhead``.
 
 Not handled: sampling (greedy only), GPU timing details (CUDA steps are synchronized by
 reading the sampled tokens each step, like any engine that samples on the host).
@@ -38,12 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.manager import DecodeAllocation
-from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.step import ForwardBatch
-from kvlab.engine.request import Request
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import Scheduler, SchedulerConfig
 from kvlab.sim.simulator import make_trace
 
 # ---- the workload --------------------------------------------------------------------------
@@ -307,85 +299,6 @@ def run_end_to_end(args) -> None:
             print(f"greedy outputs are token-identical across all {len(results)} methods")
 
 
-# ---- scheduler overhead --------------------------------------------------------------------
-
-
-def scheduler_overhead(num_seqs: int, num_steps: int = 32, block_size: int = 16) -> dict:
-    """Microseconds per running sequence per decode step, without a model.
-
-    ``num_seqs`` requests with 32-token prompts are admitted and prefilled (not timed);
-    then every step schedules all of them for one decode token, appends a token to each,
-    and builds the step's block table and slot mapping. Reported parts:
-
-        scheduler     ``Scheduler.schedule``'s own work (the allocator call stubbed out)
-        allocator     ``PagedKVCache.allocate_decode`` for the step (block manager)
-        update        the engine's bookkeeping: computed tokens, the new token, the batch
-        block_table   ``PagedKVCache.begin_step``: block tables and slot mapping tensors
-    """
-    real = _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator=False)
-    stub = _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator=True)
-    per = {
-        "scheduler": stub["schedule"],
-        "allocator": max(real["schedule"] - stub["schedule"], 0.0),
-        "update": real["update"],
-        "block_table": real["block_table"],
-    }
-    per["total"] = sum(per.values())
-    return per
-
-
-def _timed_decode_steps(num_seqs, num_steps, block_size, stub_allocator: bool) -> dict:
-    prompt_len = 32
-    blocks_per_seq = -(-(prompt_len + num_steps + 1) // block_size)
-    cache = PagedKVCache(1, 1, 1, num_blocks=num_seqs * blocks_per_seq, block_size=block_size)
-    config = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
-    scheduler = Scheduler(config, cache.manager)
-    params = SamplingParams(temperature=0, max_tokens=num_steps + 2, ignore_eos=True)
-    for i in range(num_seqs):
-        prompt = [(i * 7 + j) % 1000 for j in range(prompt_len)]
-        scheduler.add_request(Request(str(i), i, prompt, params))
-    _fake_step(scheduler.schedule(0.0))  # admission and prefill, not timed
-    if stub_allocator:
-        kv = cache.manager
-        kv.allocate_slots = lambda seq_id, num_new_tokens, token_ids=None: []
-        kv.allocate_decode = lambda seq_ids, token_ids=None: DecodeAllocation(len(seq_ids), [])
-    times = {"schedule": 0.0, "update": 0.0, "block_table": 0.0}
-    for step in range(num_steps):
-        t0 = time.perf_counter()
-        out = scheduler.schedule(float(step))
-        t1 = time.perf_counter()
-        batch = _fake_step(out)
-        t2 = time.perf_counter()
-        if not stub_allocator:
-            cache.begin_step(batch)
-        t3 = time.perf_counter()
-        times["schedule"] += t1 - t0
-        times["update"] += t2 - t1
-        times["block_table"] += t3 - t2
-        assert len(out.requests) == num_seqs
-    return {k: v / num_steps / num_seqs * 1e6 for k, v in times.items()}
-
-
-def _fake_step(out) -> ForwardBatch:
-    """What the engine does around a forward, minus the model: count, sample, batch."""
-    num_computed = [r.num_computed_tokens for r in out.requests]
-    batch = ForwardBatch.build([r.seq_id for r in out.requests], num_computed, out.num_new_tokens)
-    for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
-        request.num_computed_tokens += num_new
-        if request.num_computed_tokens == request.num_tokens:
-            request.append_token(request.num_tokens % 1000)
-    return batch
-
-
-def run_scheduler_only(args) -> None:
-    print("scheduler overhead, microseconds per running sequence per decode step")
-    names = ("scheduler", "allocator", "update", "block_table", "total")
-    print(f"{'sequences':>10}" + "".join(f"{name:>13}" for name in names))
-    for num_seqs in args.num_seqs:
-        per = scheduler_overhead(num_seqs, args.steps)
-        print(f"{num_seqs:>10}" + "".join(f"{per[name]:>13.2f}" for name in names))
-
-
 # ---- command line --------------------------------------------------------------------------
 
 
@@ -405,12 +318,9 @@ def parse_args(argv=None):
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-blocks", type=int, default=None)
     parser.add_argument("--batch-timeout", type=float, default=0.05)
-    parser.add_argument("--attention-backend", default="torch")
+    parser.add_argument("--attention-backend", default="sdpa")
     parser.add_argument("--skip", nargs="*", default=[], help="method names to leave out")
     parser.add_argument("--repeat", type=int, default=1, help="runs per method; the fastest counts")
-    parser.add_argument("--scheduler-only", action="store_true")
-    parser.add_argument("--num-seqs", type=int, nargs="*", default=[1000, 10000])
-    parser.add_argument("--steps", type=int, default=32, help="scheduler-only: decode steps")
     return parser.parse_args(argv)
 
 
@@ -418,10 +328,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.scheduler_only:
-        run_scheduler_only(args)
-    else:
-        run_end_to_end(args)
+    run_end_to_end(args)
 
 
 if __name__ == "__main__":

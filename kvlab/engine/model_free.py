@@ -1,0 +1,69 @@
+"""A stand-in for the model: the engine's serving loop with no forward pass.
+
+``LLMEngine.step`` is schedule -> allocate -> metadata -> forward -> sample -> free. With
+``ModelFreeRunner`` in place of ``kvlab.model.runner.ModelRunner`` all of it runs for real
+except the forward pass: the runner still asks the cache for the step's metadata (block
+table and slot mapping), as the model would, and then predicts token 0 for every
+sequence. Give each request ``max_tokens`` = its output length and ``ignore_eos=True``,
+and a trace's lengths replay exactly, through the one loop every lab uses.
+
+    real model:   logits = ModelRunner.forward(input_ids, batch, cache)   (num_seqs, vocab)
+    model-free:   cache.begin_step(batch); logits = zeros(num_seqs, 1)     token 0 wins
+
+A cache made with ``num_layers=0`` holds no K/V tensors at all (``bookkeeping_cache``):
+only its manager, so a pool of an A100's size costs nothing to simulate.
+
+Used by: the benchmark of the engine's own cost per step (``kvlab.measure.engine_overhead``)
+and the simulator's equivalence test. Not handled: anything that depends on token values
+(prefix-cache hits need prompts that share tokens; EOS never comes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.cache.base import PooledKVCache
+from kvlab.cache.contiguous import ContiguousKVCache
+from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.step import ForwardBatch
+
+
+@dataclass(frozen=True)
+class ModelFreeConfig:
+    """The two things the engine reads from a model's config."""
+
+    vocab_size: int
+    max_position_embeddings: int
+
+
+class ModelFreeRunner:
+    """Runs no model: builds the step's metadata, then predicts token 0 for every sequence.
+
+    Args:
+        vocab_size: token ids a prompt may use (the engine checks prompts against it).
+        max_model_len: the longest sequence a request may reach.
+    """
+
+    def __init__(self, vocab_size: int = 50_000, max_model_len: int = 1 << 20) -> None:
+        self.config = ModelFreeConfig(vocab_size, max_model_len)
+        self.device = torch.device("cpu")
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
+        """(num_seqs, 1) logits: one candidate, token 0, for every sequence."""
+        cache.begin_step(batch)  # the metadata a model's attention would read
+        return torch.zeros(batch.num_seqs, 1)
+
+
+def bookkeeping_cache(
+    kind: str = "paged", *, num_blocks: int = 0, block_size: int = 16, num_slots: int = 0, **kwargs
+) -> PooledKVCache:
+    """A paged (``num_blocks`` of ``block_size``) or contiguous (``num_slots``) cache that
+    keeps the bookkeeping and no K/V tensors."""
+    kwargs.setdefault("device", "cpu")
+    if kind == "paged":
+        return PagedKVCache(0, 1, 1, num_blocks=num_blocks, block_size=block_size, **kwargs)
+    if kind == "contiguous":
+        return ContiguousKVCache(0, 1, 1, num_slots=num_slots, **kwargs)
+    raise ValueError(f"kind={kind!r} is not allowed: use 'paged' or 'contiguous'")
