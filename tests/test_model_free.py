@@ -10,7 +10,7 @@ from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import SchedulerConfig
 from kvlab.measure.engine_overhead import PARTS, engine_overhead
-from kvlab.sim.simulator import make_trace
+from kvlab.sim.trace import make_trace
 
 
 def run_trace(kind: str, **cache_kwargs) -> tuple[LLMEngine, dict[str, list[int]]]:

@@ -22,7 +22,7 @@ from kvlab.measure.replay import (
     on_time_grid,
     replay,
 )
-from kvlab.sim.simulator import make_trace
+from kvlab.sim.trace import make_trace
 
 STEP = 0.025
 

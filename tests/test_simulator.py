@@ -1,29 +1,27 @@
 """Tests of the memory simulator: traces, the replay, and the seed-setting comparison.
 
-The oracle is a literal replay written here: every step it walks every running request,
-adds one token, and asks the allocator for room, token by token. The simulator must
-measure the same memory with its closed-form counts and block events.
+The oracle is the engine itself: ``LLMEngine.step`` with the model-free runner and a cache
+that keeps only bookkeeping. On small traces the simulator's fast path must admit,
+preempt and finish the same requests at the same steps, holding the same memory, with
+its closed-form counts and block events.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
 
 import pytest
 
-from kvlab.cache import BlockManager, CacheFullError, ContiguousArena, reservation_size
+from kvlab.engine.llm_engine import LLMEngine
+from kvlab.engine.metrics import ManualClock
+from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler import SchedulerConfig
 from kvlab.memory import GIB, KVSpec, preset
-from kvlab.sim.simulator import (
-    A100_40GB,
-    PUBLISHED,
-    SimResult,
-    format_comparison,
-    kv_budget_bytes,
-    make_trace,
-    simulate,
-)
+from kvlab.sim.paper import PUBLISHED, format_comparison
+from kvlab.sim.simulator import A100_40GB, StepLog, kv_budget_bytes, simulate
+from kvlab.sim.trace import make_trace
 
 LLAMA = preset("llama-2-7b")
 POLICIES = ("max_model_len", "pow2", "exact")
@@ -102,8 +100,10 @@ def test_paged_uses_memory_better_than_every_contiguous_policy(results):
     assert results["pow2"].token_states > results["max_model_len"].token_states
 
 
-def test_exact_policy_has_no_internal_fragmentation(results):
-    assert results["exact"].internal_fragmentation == 0.0
+def test_exact_policy_wastes_only_the_last_tokens_slot(results):
+    # It reserves prompt + output slots; the last output token is sampled, never stored.
+    exact = results["exact"]
+    assert exact.internal_fragmentation == pytest.approx(exact.fit_at_once / exact.capacity_slots)
     assert results["pow2"].internal_fragmentation > 0.0
     assert results["max_model_len"].internal_fragmentation > 0.5
 
@@ -159,85 +159,89 @@ def test_comparison_prints_published_figures(results):
     assert set(PUBLISHED) == {f"contiguous/{p}" for p in POLICIES} | {"paged/16"}
 
 
-# ---- the oracle: a literal token-by-token replay -------------------------------------------
+# ---- the oracle: the engine with the model-free runner ------------------------------------
 
 TINY = KVSpec("tiny", 1, 1, 8, 2, 0, 256)  # 32 bytes per token, no weights
+STEP_SECONDS = 0.025
 
 
-def literal_replay(trace, num_slots, allocator, policy="exact", block_size=4) -> dict:
-    """The same serving loop, one token and one request at a time (no preemption)."""
-    arena, manager = ContiguousArena(num_slots), BlockManager(num_slots // block_size, block_size)
-    final = [p + o for p, o in zip(trace.prompt_lens, trace.output_lens, strict=True)]
-    lengths: dict[int, int] = {}  # running request -> tokens held
-    waiting, arrived, finished, step, now = deque(), 0, 0, 0, 0.0
-    samples = []  # per step: (used, reserved, useful, a request waited)
-    while finished < len(trace):
-        while arrived < len(trace) and trace.arrival_s[arrived] <= now:
-            waiting.append(arrived)
-            arrived += 1
-        if not lengths and not waiting:
-            now = trace.arrival_s[arrived]
-            continue
-        for request in lengths:
-            lengths[request] += 1
-            if allocator == "paged":
-                manager.allocate_slots(request, 1)
-        while waiting:
-            request = waiting[0]
-            try:
-                if allocator == "paged":
-                    manager.allocate_slots(request, trace.prompt_lens[request])
-                else:
-                    prompt_len, output_len = trace.prompt_lens[request], trace.output_lens[request]
-                    arena.reserve(
-                        request,
-                        reservation_size(policy, prompt_len, output_len, TINY.max_model_len),
-                    )
-            except CacheFullError:
-                break
-            lengths[waiting.popleft()] = trace.prompt_lens[request]
-        if allocator == "paged":
-            capacity = {r: len(manager.block_table(r)) * block_size for r in lengths}
-            reserved = (manager.num_blocks - manager.num_free_blocks) * block_size
-        else:
-            capacity = {r: arena.range_of(r).num_slots for r in lengths}
-            reserved = arena.num_reserved_slots
-        useful = sum(min(capacity[r], final[r]) for r in lengths)
-        samples.append((sum(lengths.values()), reserved, useful, bool(waiting)))
-        for request in [r for r, n in lengths.items() if n == final[r]]:
-            del lengths[request]
-            (manager if allocator == "paged" else arena).free(request)
-            finished += 1
-        step += 1
-        now += 0.025
-    # Like the simulator: measure the steps in which a request waited, if any did.
-    measured = [x for x in samples if x[3]] or samples
-    used, reserved, useful, _ = (sum(column) for column in zip(*measured, strict=True))
-    return dict(steps=len(samples), measured_steps=len(measured), used=used,
-                reserved=reserved, useful=useful)  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "allocator, policy", [("contiguous", p) for p in POLICIES] + [("paged", "")]
-)
-def test_simulator_matches_a_literal_replay(allocator, policy):
-    trace = make_trace(60, "alpaca", arrival_rate=40.0, seed=2, max_model_len=TINY.max_model_len)
-    num_slots = 8000 if allocator == "paged" else 1024  # paged: enough to never preempt
-    result: SimResult = simulate(
-        trace, TINY, num_slots * TINY.bytes_per_token, allocator, policy or "exact",
-        block_size=4, gpu_memory_utilization=1.0, watermark=0.0,
-    )  # fmt: skip
-    expected = literal_replay(trace, num_slots, allocator, policy or "exact")
-    assert result.num_preemptions == 0
-    assert (result.num_steps, result.measured_steps) == (
-        expected["steps"],
-        expected["measured_steps"],
+def engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs, watermark):
+    """Replay ``trace`` through LLMEngine.step; one StepLog per step, like the simulator's."""
+    if allocator == "paged":
+        cache = bookkeeping_cache(
+            num_blocks=num_slots // block_size, block_size=block_size, enable_prefix_caching=False
+        )
+    else:
+        cache = bookkeeping_cache(
+            "contiguous", num_slots=num_slots, policy=policy, max_model_len=TINY.max_model_len
+        )
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=sum(trace.prompt_lens) + sum(trace.output_lens),  # no chunks
+        page_reuse_threshold=watermark,
     )
+    runner = ModelFreeRunner(max_model_len=TINY.max_model_len)
+    engine = LLMEngine(runner, cache, config, clock=ManualClock(STEP_SECONDS))
+    for i in range(len(trace)):
+        params = SamplingParams(temperature=0, max_tokens=trace.output_lens[i], ignore_eos=True)
+        engine.add_request(str(i), [i + 1] * trace.prompt_lens[i], params, trace.arrival_s[i])
+    # Memory is read where the simulator measures it: after allocation, before frees.
+    before_frees = []
+    finish_running = engine.scheduler.finish_running
+
+    def measure_then_finish(finished):
+        before_frees.append(engine.kv.usage())
+        finish_running(finished)
+
+    engine.scheduler.finish_running = measure_then_finish
+    while engine.has_unfinished_requests():
+        engine.step()
+    return [
+        StepLog(
+            tuple(int(r) for r in stats.admitted),
+            tuple(int(r) for r in stats.preempted),
+            tuple(sorted(int(r) for r in stats.finished)),
+            usage.num_used_slots,
+            usage.num_reserved_slots,
+        )
+        for stats, usage in zip(engine.metrics.steps, before_frees, strict=True)
+    ]
+
+
+CASES = {
+    # name: (lengths, allocator, policy, num_slots, block_size, max_num_seqs, watermark)
+    "paged, roomy": ("alpaca", "paged", "", 8000, 4, 16, 0.0),
+    "paged, preempting": ("alpaca", "paged", "", 400, 4, 16, 0.0),
+    # Every request needs a block every step: the order they get them in matters.
+    "paged/1, preempting": ("alpaca", "paged", "", 300, 1, 16, 0.0),
+    "paged, watermark": ("alpaca", "paged", "", 480, 8, 32, 0.1),
+    # Long prompts in a small pool: some fit only while nothing runs (no watermark then).
+    "paged, watermark, long prompts": ("sharegpt", "paged", "", 256, 8, 8, 0.25),
+    "contiguous/max_model_len": ("alpaca", "contiguous", "max_model_len", 1024, 1, 16, 0.0),
+    "contiguous/pow2": ("alpaca", "contiguous", "pow2", 1024, 1, 16, 0.0),
+    "contiguous/exact": ("alpaca", "contiguous", "exact", 1024, 1, 16, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_fast_path_steps_like_the_engine(case):
+    lengths, allocator, policy, num_slots, block_size, max_num_seqs, watermark = CASES[case]
+    trace = make_trace(60, lengths, arrival_rate=40.0, seed=2, max_model_len=TINY.max_model_len)
+    log: list[StepLog] = []
+    result = simulate(
+        trace, TINY, num_slots * TINY.bytes_per_token, allocator, policy or "exact",
+        block_size=block_size, gpu_memory_utilization=1.0, max_num_seqs=max_num_seqs,
+        step_seconds=STEP_SECONDS, watermark=watermark, log=log,
+    )  # fmt: skip
+    ours = [
+        StepLog(s.admitted, s.preempted, tuple(sorted(s.finished)), s.used_slots, s.reserved_slots)
+        for s in log
+    ]
+    engine = engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs, watermark)
+    assert len(ours) == len(engine) == result.num_steps
+    for step, (mine, theirs) in enumerate(zip(ours, engine, strict=True)):
+        assert mine == theirs, f"step {step}"
+    if "preempting" in case:
+        assert result.num_preemptions > 0
     if allocator == "contiguous":
         assert result.measured_steps < result.num_steps  # requests did wait for memory
-    capacity = result.capacity_slots * result.measured_steps
-    assert result.token_states == pytest.approx(expected["used"] / capacity)
-    assert result.internal_fragmentation == pytest.approx(
-        (expected["reserved"] - expected["useful"]) / capacity
-    )
-    assert result.utilization == pytest.approx(expected["used"] / expected["reserved"])

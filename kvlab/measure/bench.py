@@ -1,7 +1,7 @@
 """Benchmarks: kvlab's engine against Hugging Face transformers, end to end.
 
 End to end (``python -m kvlab.measure.bench``): one seeded workload of requests with ShareGPT-like
-lengths (``kvlab.sim.simulator.make_trace``, scaled down to a small model) goes through
+lengths (``kvlab.sim.trace.make_trace``, scaled down to a small model) goes through
 
     hf-one-at-a-time   ``model.generate``, one request after the other (batch 1)
     hf-static-padded   ``model.generate`` on left-padded batches of max_num_seqs requests;
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.sim.simulator import make_trace
+from kvlab.sim.trace import make_trace
 
 # ---- the workload --------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Lab 04 compares batching policies on one workload: the same requests, arriving at the same
 times, through ``kvlab.LLM`` built with different scheduler settings. This module turns a
-``kvlab.sim.simulator.Trace`` into such requests and runs them:
+``kvlab.sim.trace.Trace`` into such requests and runs them:
 
     trace = make_trace(16, "alpaca", arrival_rate=8.0, seed=0)
     requests = TraceRequests.from_trace(trace, vocab_size=256, max_output_len=32)
@@ -35,7 +35,7 @@ import torch
 from kvlab.engine.metrics import ManualClock, RunMetrics, StepStats
 from kvlab.engine.outputs import RequestOutput
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.sim.simulator import Trace
+from kvlab.sim.trace import Trace
 
 STATES = ("waiting", "prefill", "decode", "swapped")
 TIME_GRID = 1 / 1024  # seconds; see on_time_grid

@@ -1,5 +1,5 @@
 """``python -m kvlab.sim``: the PagedAttention paper's memory figures beside kvlab's."""
 
-from kvlab.sim.simulator import main
+from kvlab.sim.paper import main
 
 main()

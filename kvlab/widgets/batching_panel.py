@@ -4,7 +4,7 @@
     panel = BatchingPanel()       # the tiny model, 16 requests, a simulated clock
     panel                         # move a slider: the trace is replayed and every plot redrawn
 
-Every change replays ONE seeded trace (``kvlab.sim.simulator.make_trace``: Poisson arrivals,
+Every change replays ONE seeded trace (``kvlab.sim.trace.make_trace``: Poisson arrivals,
 Alpaca-like lengths) through ``kvlab.LLM``, once per scheduling policy, on a ``ManualClock``
 (each step lasts ``step_seconds``), so the numbers are exact and repeatable and a replay of
 the tiny model takes about a second on a CPU. What the panel shows:
@@ -46,7 +46,7 @@ from kvlab.engine.metrics import ManualClock
 from kvlab.engine.scheduler import SCHEDULING_MODES, SchedulerConfig
 from kvlab.measure.replay import STATES, ReplayResult, TraceRequests, on_time_grid, replay
 from kvlab.model.loading import load_model
-from kvlab.sim.simulator import LENGTH_PROFILES, make_trace
+from kvlab.sim.trace import LENGTH_PROFILES, make_trace
 from kvlab.widgets.memory_gauge import MemoryGauge
 from kvlab.widgets.page_map import PageMap
 
@@ -384,7 +384,7 @@ class BatchingPanel(widgets.VBox):
     Args:
         model: ``"tiny"`` (default: a replay takes about a second), ``"smollm2-135m"``
             (real, about 0.1-0.3 s per step on a CPU), or a loaded transformers model.
-        num_requests, lengths, seed: the trace (``kvlab.sim.simulator.make_trace``).
+        num_requests, lengths, seed: the trace (``kvlab.sim.trace.make_trace``).
         max_output_len: outputs are cut to this many tokens, to keep a replay short.
         step_seconds: simulated length of one engine step.
         preemption_mode, page_reuse_threshold: passed to ``kvlab.LLM``.
