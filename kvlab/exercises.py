@@ -459,8 +459,8 @@ EXERCISES.update(
 _STATIC_MAX_NUM_SEQS, _STATIC_OUTPUT_LENS = 4, (3, 10, 4, 6)
 # Exercise 04.dynamic_start: an idle engine, dynamic batching.
 _DYNAMIC_MAX_NUM_SEQS, _DYNAMIC_TIMEOUT, _DYNAMIC_ARRIVALS = 4, 0.5, (0.0, 0.2, 0.3, 1.2)
-# Exercise 04.watermark: admission with page_reuse_threshold, while requests run.
-_WATERMARK_NUM_BLOCKS, _WATERMARK_THRESHOLD, _WATERMARK_PROMPT_BLOCKS = 120, 0.1, 7
+# Exercise 04.watermark: admission with watermark, while requests run.
+_WATERMARK_NUM_BLOCKS, _WATERMARK, _WATERMARK_PROMPT_BLOCKS = 120, 0.1, 7
 
 
 def _static_idle_seats() -> int:
@@ -480,7 +480,7 @@ def _dynamic_start() -> float:
 
 def _watermark_free_blocks() -> int:
     """Free blocks needed to admit: the prompt's blocks plus the reserve that must stay."""
-    reserve = math.ceil(_WATERMARK_THRESHOLD * _WATERMARK_NUM_BLOCKS)  # as kvlab.engine.scheduler
+    reserve = math.ceil(_WATERMARK * _WATERMARK_NUM_BLOCKS)  # as kvlab.engine.scheduler
     return _WATERMARK_PROMPT_BLOCKS + reserve
 
 
@@ -540,18 +540,18 @@ EXERCISES.update(
         Exercise(
             exercise_id="04.watermark",
             question=(
-                f"A paged pool of {_WATERMARK_NUM_BLOCKS} blocks, page_reuse_threshold "
-                f"{_WATERMARK_THRESHOLD}. Some requests are running. A waiting request's prompt "
+                f"A paged pool of {_WATERMARK_NUM_BLOCKS} blocks, watermark "
+                f"{_WATERMARK}. Some requests are running. A waiting request's prompt "
                 f"needs {_WATERMARK_PROMPT_BLOCKS} new blocks (no prefix-cache hit). How many "
                 "free blocks must the pool have, at least, for the scheduler to admit it?"
             ),
             answer=_watermark_free_blocks,
-            hint="after it takes its blocks, page_reuse_threshold x num_blocks blocks (rounded "
+            hint="after it takes its blocks, watermark x num_blocks blocks (rounded "
             "up) must still be free.",
             mistakes=(
                 Mistake(lambda: _WATERMARK_PROMPT_BLOCKS, "you left out the reserve."),
                 Mistake(
-                    lambda: math.ceil(_WATERMARK_THRESHOLD * _WATERMARK_NUM_BLOCKS),
+                    lambda: math.ceil(_WATERMARK * _WATERMARK_NUM_BLOCKS),
                     "that is the reserve alone; the prompt's blocks come on top.",
                 ),
             ),

@@ -163,7 +163,7 @@ def test_a_bad_combination_is_explained_and_keeps_the_last_plots(panel):
         (dict(lengths="chat"), "lengths='chat'"),
         (dict(step_seconds=0), "step_seconds=0"),
         (dict(preemption_mode="drop"), "preemption_mode='drop'"),
-        (dict(page_reuse_threshold=1.0), "page_reuse_threshold=1.0"),
+        (dict(watermark=1.0), "watermark=1.0"),
         (dict(model=42), "model=42"),
     ],
 )

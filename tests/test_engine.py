@@ -269,7 +269,7 @@ def test_percentile():
         ({"kv_cache": "ring"}, "kv_cache='ring'"),
         ({"scheduling": "eager"}, "scheduling='eager'"),
         ({"batch_timeout": -1}, "batch_timeout=-1"),
-        ({"page_reuse_threshold": 1.5}, "page_reuse_threshold=1.5"),
+        ({"watermark": 1.5}, "watermark=1.5"),
         ({"attention_backend": "flash"}, "attention_backend='flash'"),
         ({"gpu_memory_utilization": 0}, "gpu_memory_utilization=0"),
         ({"kv_cache_memory_bytes": 10}, "kv_cache_memory_bytes=10"),

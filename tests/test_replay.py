@@ -188,12 +188,12 @@ def test_exercise_dynamic_start_matches_a_replay(tiny_model):
 
 def test_exercise_watermark_uses_the_schedulers_reserve():
     from kvlab.exercises import (
+        _WATERMARK,
         _WATERMARK_NUM_BLOCKS,
         _WATERMARK_PROMPT_BLOCKS,
-        _WATERMARK_THRESHOLD,
     )
 
     cache = PagedKVCache(1, 1, 2, num_blocks=_WATERMARK_NUM_BLOCKS, block_size=4, device="cpu")
-    reserve = cache.manager.watermark_blocks(_WATERMARK_THRESHOLD)
-    assert reserve == math.ceil(_WATERMARK_THRESHOLD * _WATERMARK_NUM_BLOCKS)
+    reserve = cache.manager.watermark_blocks(_WATERMARK)
+    assert reserve == math.ceil(_WATERMARK * _WATERMARK_NUM_BLOCKS)
     assert EXERCISES["04.watermark"].answer() == _WATERMARK_PROMPT_BLOCKS + reserve

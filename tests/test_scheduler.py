@@ -161,10 +161,10 @@ def test_waiting_queue_orders():
 
 
 @pytest.mark.parametrize("threshold, admitted_together", [(0.0, True), (0.5, False)])
-def test_page_reuse_threshold_keeps_blocks_in_reserve(threshold, admitted_together):
+def test_watermark_keeps_blocks_in_reserve(threshold, admitted_together):
     # 16 blocks of 4: each request's 20-token prompt takes 5 blocks, so after two only 6 of
     # 16 blocks (37.5%) stay reusable: below a 50% watermark, the second one must wait.
-    scheduler = make(cache=paged(16), page_reuse_threshold=threshold)
+    scheduler = make(cache=paged(16), watermark=threshold)
     scheduler.add_request(request(0, prompt_len=20))
     scheduler.add_request(request(1, prompt_len=20))
     out = scheduler.schedule(0.0)
@@ -172,7 +172,7 @@ def test_page_reuse_threshold_keeps_blocks_in_reserve(threshold, admitted_togeth
 
 
 def test_watermark_never_starves_a_request_that_fits_alone():
-    scheduler = make(cache=paged(16), page_reuse_threshold=0.9)
+    scheduler = make(cache=paged(16), watermark=0.9)
     scheduler.add_request(request(0, prompt_len=20))
     assert len(scheduler.schedule(0.0).requests) == 1
 
@@ -271,8 +271,8 @@ def test_contiguous_cache_admits_only_what_its_reservations_fit():
         ({"max_num_seqs": 8, "max_num_batched_tokens": 4}, "max_num_batched_tokens=4"),
         ({"batch_timeout": -1.0}, "batch_timeout=-1.0"),
         ({"batch_timeout": float("inf")}, "batch_timeout=inf"),
-        ({"page_reuse_threshold": 1.0}, "page_reuse_threshold=1.0"),
-        ({"page_reuse_threshold": -0.1}, "page_reuse_threshold=-0.1"),
+        ({"watermark": 1.0}, "watermark=1.0"),
+        ({"watermark": -0.1}, "watermark=-0.1"),
         ({"preemption_mode": "kill"}, "preemption_mode='kill'"),
         ({"scheduling_policy": "lifo"}, "scheduling_policy='lifo'"),
     ],

@@ -178,7 +178,7 @@ def engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs,
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=sum(trace.prompt_lens) + sum(trace.output_lens),  # no chunks
-        page_reuse_threshold=watermark,
+        watermark=watermark,
     )
     runner = ModelFreeRunner(max_model_len=TINY.max_model_len)
     engine = LLMEngine(runner, cache, config, clock=ManualClock(STEP_SECONDS))

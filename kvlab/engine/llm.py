@@ -70,7 +70,7 @@ class LLM:
         attention_backend: ``"sdpa"`` (PyTorch SDPA; the decode rows of a step batched into
             one call), ``"reference"`` (one sequence at a time) or ``"triton"`` (kvlab's
             kernels); see ``kvlab.attention``.
-        page_reuse_threshold: admission watermark in [0, 1): the share of the KV pool that
+        watermark: admission watermark in [0, 1): the share of the KV pool that
             must stay reusable after a new request takes its blocks (see
             ``kvlab.engine.scheduler.SchedulerConfig``).
         reservation_policy: contiguous only: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
@@ -100,7 +100,7 @@ class LLM:
         preemption_mode: str = "recompute",
         swap_space_bytes: int | None = None,
         attention_backend: str = "sdpa",
-        page_reuse_threshold: float = 0.0,
+        watermark: float = 0.0,
         reservation_policy: str = "max_model_len",
         device: str | torch.device | None = None,
         dtype: torch.dtype = torch.float32,
@@ -125,7 +125,7 @@ class LLM:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             batch_timeout=batch_timeout,
-            page_reuse_threshold=page_reuse_threshold,
+            watermark=watermark,
             preemption_mode=preemption_mode,
             scheduling_policy=scheduling_policy,
         )  # checks its own fields

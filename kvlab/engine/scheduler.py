@@ -79,13 +79,15 @@ class SchedulerConfig:
             does, and have no budget.
         batch_timeout: dynamic only: seconds the oldest waiting request may wait for a
             batch to fill before the batch starts anyway.
-        page_reuse_threshold: the admission watermark, a fraction of the KV pool in [0, 1).
+        watermark: the admission watermark (the seed article's ``page_reuse_threshold``),
+            a fraction of the KV pool in [0, 1).
             A waiting request is admitted only if, after its prompt's blocks are taken, at
             least this share of all blocks is still reusable (free, or cached and
             evictable). The reserve lets running requests grow block by block without
             being preempted; 0 admits while anything fits (more concurrency, more
-            preemptions). It is vLLM's ``watermark`` (0.01 there). It does not apply when
-            nothing is running, so a request that fits alone is never starved.
+            preemptions). It is the ``watermark`` of vLLM's V0 block manager (0.01
+            there). It does not apply when nothing is running, so a request that fits
+            alone is never starved.
         preemption_mode: ``"recompute"`` or ``"swap"`` (needs a paged cache and a swap space).
         scheduling_policy: order of the waiting queue: ``"fcfs"`` (arrival) or
             ``"priority"`` (lower ``priority`` first, then arrival; preemption then takes
@@ -96,7 +98,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     batch_timeout: float = 0.02
-    page_reuse_threshold: float = 0.0
+    watermark: float = 0.0
     preemption_mode: str = "recompute"
     scheduling_policy: str = "fcfs"
 
@@ -119,12 +121,12 @@ class SchedulerConfig:
             raise ValueError(f"batch_timeout={timeout!r} is not allowed: use seconds >= 0 (finite)")
         if math.isinf(timeout):
             raise ValueError(f"batch_timeout={timeout!r} is not allowed: use a finite number")
-        threshold = self.page_reuse_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-            raise ValueError(f"page_reuse_threshold={threshold!r} is not allowed: use [0, 1)")
-        if not 0 <= threshold < 1:
+        watermark = self.watermark
+        if isinstance(watermark, bool) or not isinstance(watermark, int | float):
+            raise ValueError(f"watermark={watermark!r} is not allowed: use [0, 1)")
+        if not 0 <= watermark < 1:
             raise ValueError(
-                f"page_reuse_threshold={threshold!r} is not allowed: use a fraction of the "
+                f"watermark={watermark!r} is not allowed: use a fraction of the "
                 "KV pool in [0, 1) (0: no reserve)"
             )
 
@@ -466,7 +468,7 @@ class Scheduler:
                 max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
                 # The reserve does not apply when nothing runs: a request that fits alone
                 # is never starved.
-                watermark=self.config.page_reuse_threshold if self.running else 0.0,
+                watermark=self.config.watermark if self.running else 0.0,
             )
             if admission is None:
                 break
@@ -529,7 +531,7 @@ class Scheduler:
             if swap.is_resident(request.seq_id):
                 continue
             need = self.kv.blocks_for(request.num_tokens)
-            spare = len(self.running) + self.kv.watermark_blocks(self.config.page_reuse_threshold)
+            spare = len(self.running) + self.kv.watermark_blocks(self.config.watermark)
             if self.kv.num_free_blocks - need < spare:
                 break
             try:

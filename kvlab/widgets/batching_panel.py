@@ -387,7 +387,7 @@ class BatchingPanel(widgets.VBox):
         num_requests, lengths, seed: the trace (``kvlab.sim.trace.make_trace``).
         max_output_len: outputs are cut to this many tokens, to keep a replay short.
         step_seconds: simulated length of one engine step.
-        preemption_mode, page_reuse_threshold: passed to ``kvlab.LLM``.
+        preemption_mode, watermark: passed to ``kvlab.LLM``.
         compare: also replay the two other policies for the comparison plot.
         run: replay once now (else call ``run()``).
         **settings: starting values of the controls (``PanelSettings`` fields).
@@ -412,7 +412,7 @@ class BatchingPanel(widgets.VBox):
         max_output_len: int = 24,
         step_seconds: float = 0.025,
         preemption_mode: str = "recompute",
-        page_reuse_threshold: float = 0.0,
+        watermark: float = 0.0,
         compare: bool = True,
         run: bool = True,
         **settings,
@@ -429,9 +429,7 @@ class BatchingPanel(widgets.VBox):
         if unknown:
             raise TypeError(f"BatchingPanel got unknown settings {sorted(unknown)}")
         self.settings = PanelSettings(**settings)
-        self._options = dict(
-            preemption_mode=preemption_mode, page_reuse_threshold=page_reuse_threshold
-        )
+        self._options = dict(preemption_mode=preemption_mode, watermark=watermark)
         SchedulerConfig(**self._options)  # checks both now, not at the first replay
         self.model, self.tokenizer = _model_of(model)
         self._trace_args = dict(num_requests=num_requests, lengths=lengths, seed=seed)
