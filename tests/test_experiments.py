@@ -10,6 +10,7 @@ import pytest
 from conftest import random_prompts
 
 from kvlab.cache import CacheFullError, ContiguousKVCache, NaiveKVCache, PagedKVCache
+from kvlab.labs import describe_fullest
 from kvlab.measure.experiments import (
     Fragmentation,
     block_size_tradeoff,
@@ -59,6 +60,18 @@ def test_paged_fragmentation_is_the_empty_tails_only():
     frag = fragmentation(cache, request_size=1000)
     assert (frag.used, frag.internal, frag.external, frag.free) == (13, 3, 0, 24)
     assert frag.wasted == 3
+
+
+def test_describe_fullest_names_the_step_with_the_most_tokens():
+    history = [
+        Fragmentation(capacity=100, used=used, internal=10, external=0, bytes_per_slot=8)
+        for used in (5, 40, 20)
+    ]
+    text, peak = describe_fullest(history, "demo")
+    assert peak is history[1]
+    assert text.startswith("demo, at its fullest (step 1):")
+    assert "reserved 50 slots (400 B), of which 80.0% hold tokens" in text
+    assert "mean over 3 steps: 60.0%" in text  # (5/15 + 40/50 + 20/30) / 3
 
 
 def test_fragmentation_shares_add_up():

@@ -23,6 +23,14 @@ def test_smollm2_loads_and_answers(smollm2):
     assert "Paris" in answer
 
 
+def test_chat_prompt_puts_a_system_prompt_first(smollm2):
+    _, tokenizer = smollm2
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    expected = tokenizer.apply_chat_template(turns, add_generation_prompt=True, return_dict=True)
+    assert loading.chat_prompt(tokenizer, "Hi", system="Be brief.") == expected["input_ids"]
+    assert loading.chat_prompt(tokenizer, "Hi") != expected["input_ids"]
+
+
 def test_smollm2_cached_load_is_fast(smollm2):
     # The session fixture already converted the checkpoint; a second load reads safetensors.
     start = time.perf_counter()

@@ -188,9 +188,16 @@ def _load_local(folder: Path, dtype: torch.dtype):
     return model, AutoTokenizer.from_pretrained(folder)
 
 
-def chat_prompt(tokenizer: PreTrainedTokenizerBase, message: str) -> list[int]:
-    """Token ids of ``message`` as a user turn in the model's chat template, ready to answer."""
-    encoded = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
-    )
+def chat_prompt(
+    tokenizer: PreTrainedTokenizerBase, message: str, system: str | None = None
+) -> list[int]:
+    """Token ids of ``message`` as a user turn in the model's chat template, ready to answer.
+
+    Args:
+        system: a system prompt before it; prompts with the same one share a prefix.
+    """
+    turns = [{"role": "user", "content": message}]
+    if system is not None:
+        turns.insert(0, {"role": "system", "content": system})
+    encoded = tokenizer.apply_chat_template(turns, add_generation_prompt=True, return_dict=True)
     return list(encoded["input_ids"])
