@@ -3,7 +3,7 @@
     live_view(cache, title, weight_bytes)   a page map and a memory gauge of ``cache``,
                                             shown now; returns both widgets
     watch(page_map, gauge, history, ...)    an ``on_step`` callback for
-                                            ``kvlab.measure.experiments.serve``: redraw
+                                            ``kvlab.measure.serve.serve``: redraw
                                             both, record the cache's fragmentation
     describe_fullest(history, label)        the step where a cache held the most tokens,
                                             in words, and the mean use over all steps

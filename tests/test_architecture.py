@@ -41,29 +41,24 @@ def test_the_scheduler_imports_no_torch_and_no_tensor_cache():
     assert cache_modules <= {"kvlab.cache.manager", "kvlab.cache.swap"}, cache_modules
 
 
-def test_the_bookkeeping_imports_no_torch():
-    for name in (
-        "manager",
-        "block_pool",
-        "block_table",
-        "block_manager",
-        "contiguous_arena",
-        "contiguous_manager",
-    ):
+BOOKKEEPING = (
+    "manager",
+    "block_pool",
+    "block_table",
+    "prefix_cache",
+    "block_manager",
+    "contiguous_arena",
+    "contiguous_manager",
+)
+
+
+def test_the_bookkeeping_imports_no_torch_and_nothing_but_bookkeeping():
+    allowed = {f"kvlab.cache.{name}" for name in BOOKKEEPING}
+    for name in BOOKKEEPING:
         modules = imported_modules(PACKAGE / "cache" / f"{name}.py")
         assert "torch" not in modules, name
-        assert not {
-            m
-            for m in modules
-            if m.startswith("kvlab.")
-            and m
-            not in {
-                "kvlab.cache.manager",
-                "kvlab.cache.block_pool",
-                "kvlab.cache.block_table",
-                "kvlab.cache.contiguous_arena",
-            }
-        }, name
+        kvlab_modules = {m for m in modules if m.startswith("kvlab.")}
+        assert kvlab_modules <= allowed, (name, kvlab_modules - allowed)
 
 
 def test_nothing_outside_the_cache_package_asks_a_cache_its_class():

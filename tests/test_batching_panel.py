@@ -13,12 +13,8 @@ import plotly.graph_objects as go
 import pytest
 
 from kvlab.widgets import BatchingPanel
-from kvlab.widgets.batching_panel import (
-    PanelSettings,
-    comparison_figure,
-    load_figure,
-    timeline_figure,
-)
+from kvlab.widgets.batching_figures import comparison_figure, load_figure, timeline_figure
+from kvlab.widgets.batching_panel import PanelSettings
 
 KNOBS = (
     "max_num_seqs",

@@ -20,7 +20,7 @@ from conftest import random_prompts
 from test_runner import hf_greedy_batch
 
 from kvlab.cache import CacheFullError, ContiguousKVCache, KVCache, NaiveKVCache, PagedKVCache
-from kvlab.measure.experiments import serve
+from kvlab.measure.serve import serve
 from kvlab.model.greedy import greedy_generate
 from kvlab.model.loading import chat_prompt
 from kvlab.model.runner import ModelRunner

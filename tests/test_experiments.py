@@ -16,8 +16,8 @@ from kvlab.measure.experiments import (
     block_size_tradeoff,
     fragmentation,
     max_concurrency,
-    serve,
 )
+from kvlab.measure.serve import serve
 from kvlab.model.runner import ModelRunner
 
 SHAPE = (2, 2, 4)  # num_layers, num_kv_heads, head_dim of the bookkeeping-only caches

@@ -12,7 +12,9 @@ from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.swap import SwapSpace
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import Scheduler, SchedulerConfig, WaitingQueue
+from kvlab.engine.scheduler import Scheduler
+from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.waiting_queue import WaitingQueue
 
 
 def paged(num_blocks=64, block_size=4) -> PagedKVCache:

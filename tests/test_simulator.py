@@ -17,7 +17,7 @@ from kvlab.engine.llm_engine import LLMEngine
 from kvlab.engine.metrics import ManualClock
 from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import SchedulerConfig
+from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.memory import GIB, KVSpec, preset
 from kvlab.sim.paper import PUBLISHED, format_comparison
 from kvlab.sim.simulator import A100_40GB, StepLog, kv_budget_bytes, simulate

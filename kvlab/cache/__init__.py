@@ -12,13 +12,14 @@ Lesson ladder: naive -> contiguous -> paged.
 
 from kvlab.cache.base import BlockInfo, CacheUsage, KVCache, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
-from kvlab.cache.block_pool import BlockPool, hash_block_tokens
+from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.contiguous import ContiguousKVCache, num_slots_for_budget
 from kvlab.cache.contiguous_arena import POLICIES, ContiguousArena, reservation_size
 from kvlab.cache.contiguous_manager import ContiguousManager
 from kvlab.cache.manager import CacheFullError, DecodeAllocation, KVCacheManager, KVUsage
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache, num_blocks_for_budget
+from kvlab.cache.prefix_cache import hash_block_tokens
 from kvlab.cache.step import ForwardBatch, StepMetadata
 
 __all__ = [

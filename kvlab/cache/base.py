@@ -62,6 +62,10 @@ class KVCache(ABC):
         """Release everything ``seq_id`` holds."""
 
     @abstractmethod
+    def __contains__(self, seq_id: int) -> bool:
+        """``seq_id`` holds memory here (it was added and not freed yet)."""
+
+    @abstractmethod
     def num_tokens(self, seq_id: int) -> int:
         """Tokens ``seq_id`` has room for (written, or allocated for this step)."""
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvlab.cache.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.block_table import BlockTableRows
 from kvlab.cache.manager import (
     CacheFullError,
@@ -42,6 +42,7 @@ from kvlab.cache.manager import (
     KVUsage,
     check_held,
 )
+from kvlab.cache.prefix_cache import hash_full_blocks, match_prefix
 
 MAX_BLOCK_SIZE = 256
 
@@ -146,11 +147,8 @@ class BlockManager(KVCacheManager):
         return holders
 
     def lookup_prefix(self, token_ids: Sequence[int]) -> list[int]:
-        """The cached blocks of the longest full-block prefix of ``token_ids``; changes nothing.
-
-        NOTE: the match stops one token short of the prompt: the last prompt token is always
-        computed, because its logits pick the first output token.
-        """
+        """The cached blocks of the longest full-block prefix of ``token_ids``; changes nothing
+        (``kvlab.cache.prefix_cache.match_prefix``)."""
         blocks, _ = self._match_prefix(token_ids)
         return blocks
 
@@ -351,29 +349,16 @@ class BlockManager(KVCacheManager):
     def _match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
         if not self.enable_prefix_caching:
             return [], []
-        blocks, hashes = [], []
-        parent = ROOT_HASH
-        size = self.block_size
-        for start in range(0, len(token_ids) - size, size):
-            parent = hash_block_tokens(parent, token_ids[start : start + size])
-            block_id = self.pool.lookup(parent)
-            if block_id is None:
-                break
-            blocks.append(block_id)
-            hashes.append(parent)
-        return blocks, hashes
+        return match_prefix(self.pool, self.block_size, token_ids)
 
     def _record_token_ids(self, seq: SequenceBlocks, token_ids: Sequence[int] | None) -> None:
         """Remember the new ids and hash (and cache) every block they complete."""
         if seq.token_ids is None:
             return
         if token_ids is None:
-            seq.token_ids = None
+            seq.token_ids = None  # an unknown id ends the chain: no later block is cached
             return
         seq.token_ids.extend(token_ids)
-        size = self.block_size
-        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
-        for index in range(len(seq.block_hashes), seq.num_tokens // size):
-            parent = hash_block_tokens(parent, seq.token_ids[index * size : (index + 1) * size])
-            seq.block_hashes.append(parent)
-            self.pool.cache(seq.block_table[index], parent)
+        hash_full_blocks(
+            self.pool, self.block_size, seq.block_table, seq.token_ids, seq.block_hashes
+        )

@@ -14,30 +14,19 @@ needed and no plain free block is left, least recently freed first (LRU):
     free queue (eviction order) ->  [b7 cached] [b2] [b9 cached] [b4]   <- freed blocks join here
                                      evicted first                       evicted last
 
-A full block's hash is chained with the hash of the block before it, so equal hashes
-mean equal *prefixes*, not just equal 16-token windows:
-
-    block_hash[i] = hash((block_hash[i-1], tuple(token_ids of block i)))
+How a block's hash is made, and how a prompt finds its cached prefix, is
+``kvlab.cache.prefix_cache``.
 
 Not handled here: the tensors (see ``kvlab.cache.paged``), per-sequence block tables (see
-``kvlab.cache.block_manager``), extra hash keys (LoRA adapters, images), hash collisions
-(Python's 64-bit ``hash`` makes them unlikely, not impossible; vLLM offers SHA-256).
+``kvlab.cache.block_manager``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from kvlab.cache.manager import CacheFullError
-
-ROOT_HASH = 0
-"""The parent hash of a sequence's first block (a fixed int, so hashes repeat across runs)."""
-
-
-def hash_block_tokens(parent_hash: int, token_ids: Sequence[int]) -> int:
-    """The chained hash of one full block: equal only when the whole prefix is equal."""
-    return hash((parent_hash, tuple(token_ids)))
 
 
 class BlockPool:

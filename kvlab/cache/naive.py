@@ -55,6 +55,9 @@ class NaiveKVCache(KVCache):
         self._check_known(seq_id)
         del self._keys[seq_id], self._values[seq_id], self._num_tokens[seq_id]
 
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._num_tokens
+
     def num_tokens(self, seq_id: int) -> int:
         self._check_known(seq_id)
         return self._num_tokens[seq_id]

@@ -34,7 +34,7 @@ from kvlab.engine.llm_engine import LLMEngine
 from kvlab.engine.metrics import StepStats
 from kvlab.engine.outputs import RequestOutput
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import SchedulerConfig
+from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.memory import GIB
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner

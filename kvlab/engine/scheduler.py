@@ -47,8 +47,6 @@ Not handled: multiple KV cache groups, speculative decoding, LoRA, pipeline para
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections import deque
 from collections.abc import Iterator
@@ -57,78 +55,11 @@ from typing import TYPE_CHECKING
 
 from kvlab.cache.manager import CacheFullError, KVCacheManager
 from kvlab.engine.request import Request, RequestStatus
+from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.waiting_queue import WaitingQueue
 
 if TYPE_CHECKING:
     from kvlab.cache.swap import SwapSpace
-
-SCHEDULING_MODES = ("static", "dynamic", "continuous")
-PREEMPTION_MODES = ("recompute", "swap")
-SCHEDULING_POLICIES = ("fcfs", "priority")
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How the scheduler forms batches; every field is checked when the config is made.
-
-    Attributes:
-        scheduling: ``"static"``, ``"dynamic"`` or ``"continuous"`` (see the module docstring).
-        max_num_seqs: sequences that may run at once (the seed article's max_batch_size).
-            A request with ``n`` samples takes ``n`` seats.
-        max_num_batched_tokens: the token budget of one step (continuous only). Static and
-            dynamic batches compute each prompt whole in its first step, as a padded batch
-            does, and have no budget.
-        batch_timeout: dynamic only: seconds the oldest waiting request may wait for a
-            batch to fill before the batch starts anyway.
-        watermark: the admission watermark (the seed article's ``page_reuse_threshold``),
-            a fraction of the KV pool in [0, 1).
-            A waiting request is admitted only if, after its prompt's blocks are taken, at
-            least this share of all blocks is still reusable (free, or cached and
-            evictable). The reserve lets running requests grow block by block without
-            being preempted; 0 admits while anything fits (more concurrency, more
-            preemptions). It is the ``watermark`` of vLLM's V0 block manager (0.01
-            there). It does not apply when nothing is running, so a request that fits
-            alone is never starved.
-        preemption_mode: ``"recompute"`` or ``"swap"`` (needs a paged cache and a swap space).
-        scheduling_policy: order of the waiting queue: ``"fcfs"`` (arrival) or
-            ``"priority"`` (lower ``priority`` first, then arrival; preemption then takes
-            the lowest-priority running request).
-    """
-
-    scheduling: str = "continuous"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
-    batch_timeout: float = 0.02
-    watermark: float = 0.0
-    preemption_mode: str = "recompute"
-    scheduling_policy: str = "fcfs"
-
-    def __post_init__(self) -> None:
-        _check_choice("scheduling", self.scheduling, SCHEDULING_MODES)
-        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
-        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is not allowed: use an int >= 1")
-        if self.scheduling == "continuous" and self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} is not allowed with "
-                f"max_num_seqs={self.max_num_seqs}: use at least max_num_seqs, so every "
-                "running sequence can decode one token per step"
-            )
-        timeout = self.batch_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-            raise ValueError(f"batch_timeout={timeout!r} is not allowed: use seconds >= 0 (finite)")
-        if math.isinf(timeout):
-            raise ValueError(f"batch_timeout={timeout!r} is not allowed: use a finite number")
-        watermark = self.watermark
-        if isinstance(watermark, bool) or not isinstance(watermark, int | float):
-            raise ValueError(f"watermark={watermark!r} is not allowed: use [0, 1)")
-        if not 0 <= watermark < 1:
-            raise ValueError(
-                f"watermark={watermark!r} is not allowed: use a fraction of the "
-                "KV pool in [0, 1) (0: no reserve)"
-            )
 
 
 @dataclass
@@ -560,67 +491,9 @@ class Scheduler:
         self.swapped.remove(request)
 
 
-class WaitingQueue:
-    """The waiting requests, in FCFS or priority order; preempted ones go back to the head."""
-
-    def __init__(self, scheduling_policy: str = "fcfs") -> None:
-        self.scheduling_policy = scheduling_policy
-        self._fcfs: deque[Request] = deque()
-        self._heap: list[tuple[int, float, int, Request]] = []
-        self._order = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self._fcfs) if self.scheduling_policy == "fcfs" else len(self._heap)
-
-    def __bool__(self) -> bool:
-        return len(self) > 0
-
-    def __iter__(self) -> Iterator[Request]:
-        """Requests in the order they would be admitted (do not push or remove meanwhile)."""
-        if self.scheduling_policy == "fcfs":
-            return iter(self._fcfs)
-        return iter([entry[-1] for entry in sorted(self._heap, key=lambda e: e[:3])])
-
-    def push(self, request: Request) -> None:
-        if self.scheduling_policy == "fcfs":
-            self._fcfs.append(request)
-        else:
-            key = (request.priority, request.arrival_time, next(self._order), request)
-            heapq.heappush(self._heap, key)
-
-    def push_front(self, request: Request) -> None:
-        """A preempted request: first in FCFS; in priority order by its priority and age."""
-        if self.scheduling_policy == "fcfs":
-            self._fcfs.appendleft(request)
-        else:
-            self.push(request)
-
-    def remove(self, request: Request) -> None:
-        if self.scheduling_policy == "fcfs":
-            if self._fcfs and self._fcfs[0] is request:
-                self._fcfs.popleft()
-            else:
-                self._fcfs.remove(request)
-            return
-        if self._heap and self._heap[0][-1] is request:
-            heapq.heappop(self._heap)
-            return
-        self._heap = [entry for entry in self._heap if entry[-1] is not request]
-        heapq.heapify(self._heap)
-
-    def oldest_arrival(self) -> float:
-        requests = self._fcfs if self.scheduling_policy == "fcfs" else [e[-1] for e in self._heap]
-        return min(r.arrival_time for r in requests)
-
-
 def _seats(request: Request) -> int:
     """Seats a request holds: one, plus one per sample still to be forked from it."""
     n = request.sampling_params.n
     if n > 1 and request.sample_index == 0 and not request.output_token_ids:
         return n
     return 1
-
-
-def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not allowed: use one of {choices}")

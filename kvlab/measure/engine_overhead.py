@@ -33,7 +33,7 @@ from kvlab.engine.llm_engine import LLMEngine
 from kvlab.engine.metrics import ManualClock
 from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import SchedulerConfig
+from kvlab.engine.scheduler_config import SchedulerConfig
 
 PARTS = ("schedule", "metadata", "update", "rest", "total")
 PROMPT_LEN = 32

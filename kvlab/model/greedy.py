@@ -63,7 +63,7 @@ def greedy_generate(
         # On an error (a full cache, say) free what the unfinished sequences hold; a
         # sequence refused at its first allocation holds nothing.
         for i in active:
-            if _holds(cache, seq_ids[i]):
+            if seq_ids[i] in cache:
                 cache.free(seq_ids[i])
     return outputs
 
@@ -72,7 +72,7 @@ def _step(runner: ModelRunner, cache: KVCache, seq_ids: list[int], new_tokens: l
     """Allocate room, run one forward step, and pick each sequence's most likely next token."""
     num_computed = []
     for seq_id, tokens in zip(seq_ids, new_tokens, strict=True):
-        num_computed.append(cache.num_tokens(seq_id) if _holds(cache, seq_id) else 0)
+        num_computed.append(cache.num_tokens(seq_id) if seq_id in cache else 0)
         cache.allocate_slots(seq_id, len(tokens))
     batch = ForwardBatch.build(
         seq_ids, num_computed, [len(t) for t in new_tokens], device=runner.device
@@ -80,11 +80,3 @@ def _step(runner: ModelRunner, cache: KVCache, seq_ids: list[int], new_tokens: l
     input_ids = torch.tensor([t for tokens in new_tokens for t in tokens], device=runner.device)
     logits = runner.forward(input_ids, batch, cache)
     return logits.argmax(dim=-1).tolist()
-
-
-def _holds(cache: KVCache, seq_id: int) -> bool:
-    try:
-        cache.num_tokens(seq_id)
-    except KeyError:
-        return False
-    return True

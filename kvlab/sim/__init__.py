@@ -1,5 +1,8 @@
 """Simulation at data-center scale (labs 03 and 07): request traces replayed with no model.
 
-simulator   model-free replay of a trace against the real KV bookkeeping, and the
-            PagedAttention paper's memory figures beside kvlab's (python -m kvlab.sim)
+trace       make_trace: Poisson arrivals, ShareGPT- or Alpaca-like lengths, seeded
+memory      the real KV bookkeeping (block manager, contiguous arena), no tensors
+simulator   simulate: a fast path of the engine's loop, measuring KV memory per step
+paper       the PagedAttention paper's Figure 2 figures beside kvlab's
+            (python -m kvlab.sim)
 """
