@@ -166,7 +166,7 @@ def test_exercise_static_idle_seats_matches_a_replay(tiny_model):
     requests = TraceRequests([[5, 6, 7, 8]] * len(lens), lens, [0.0] * len(lens))
     llm = tiny_llm(tiny_model, scheduling="static", max_num_seqs=_STATIC_MAX_NUM_SEQS)
     steps = replay(llm, requests).metrics.steps
-    idle = sum(_STATIC_MAX_NUM_SEQS - len(s.scheduled) for s in steps)
+    idle = sum(_STATIC_MAX_NUM_SEQS - s.num_scheduled for s in steps)
     assert idle == EXERCISES["04.static_idle_seats"].answer()
 
 

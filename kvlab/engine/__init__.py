@@ -1,13 +1,13 @@
 """The engine (lab 04 on): requests, the scheduler, the serving loop and the vLLM-like API.
 
-    request           Request and its states (waiting, running, swapped, finished)
-    sampling_params   SamplingParams: greedy, temperature, top-k, top-p, n, seed
-    sampler           turns logits into tokens, one seeded generator per sample
-    scheduler_config  SchedulerConfig: the batching knobs, checked where they are made
-    waiting_queue     the waiting requests, FCFS or by priority
-    scheduler         who runs each step: static, dynamic, continuous; preemption
-    llm_engine        LLMEngine.step: admit, allocate, compute, sample, free
-    model_free        a stand-in for the model, for the engine's own loop at any scale
-    llm               LLM: generate() for offline use, vLLM's names
-    outputs, metrics  what a step and a run return; TTFT, TPOT, throughput, StepStats
+request           Request and its states (waiting, running, swapped, finished)
+sampling_params   SamplingParams: greedy, temperature, top-k, top-p, n, seed
+sampler           turns logits into tokens, one seeded generator per sample
+scheduler_config  SchedulerConfig: the batching knobs, checked where they are made
+waiting_queue     the waiting requests, FCFS or by priority
+scheduler         who runs each step: static, dynamic, continuous; preemption
+llm_engine        LLMEngine.step: admit, allocate, compute, sample, free
+model_free        a stand-in for the model, for the engine's own loop at any scale
+llm               LLM: generate() for offline use, vLLM's names
+outputs, metrics  what a step and a run return; TTFT, TPOT, throughput, StepStats
 """

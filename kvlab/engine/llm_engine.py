@@ -238,16 +238,19 @@ class LLMEngine:
         """Count computed tokens, sample where a sequence is complete, fork, spot the finished.
 
         Returns:
-            the finished samples, the ids of the requests that got a token, and how many
-            of the step's sequences decoded (the rest computed prompt tokens).
+            the finished samples, the ids of the requests to report (those that got a
+            token: all, for "cumulative" output; only finished ones for "final_only"), and
+            how many of the step's sequences decoded (the rest computed prompt tokens).
         """
+        # NOTE: both loops run over every running sequence every step: lengths are read
+        # with len() rather than through the Request's properties.
         rows = []
         num_decode = 0  # a decode computes the token sampled last step: it is past the prompt
         for i, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens, strict=True)):
-            if num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens:
+            if num_new == 1 and request.num_computed_tokens >= len(request.prompt_token_ids):
                 num_decode += 1
             request.num_computed_tokens += num_new
-            if request.num_computed_tokens == request.num_tokens:
+            if request.num_computed_tokens == len(request.token_ids):
                 rows.append(i)  # a prefill chunk that is not the last one samples nothing
         sampled = [out.requests[i] for i in rows]
         tokens = sample(logits[rows], sampled) if rows else []
@@ -260,7 +263,9 @@ class LLMEngine:
             if request.append_token(token):
                 request.finished_time = now
                 finished.append(request)
-            touched[request.request_id] = None
+                touched[request.request_id] = None
+            elif request.sampling_params.output_kind == "cumulative":
+                touched[request.request_id] = None  # a running request reports every token
         return finished, list(touched), num_decode
 
     def _fork(self, parent: Request, logits_row: torch.Tensor, now: float) -> list[Request]:
@@ -354,16 +359,9 @@ class LLMEngine:
         stats = StepStats(
             step=self._num_steps,
             time=now,
-            # (request_id, sample_index, num_new_tokens) per sequence, zipped in C: this
-            # runs over every running sequence every step.
-            scheduled=tuple(
-                zip(
-                    map(_REQUEST_ID, requests),
-                    map(_SAMPLE_INDEX, requests),
-                    out.num_new_tokens,
-                    strict=True,
-                )
-            ),
+            scheduled_ids=tuple(map(_REQUEST_ID, requests)),
+            scheduled_samples=tuple(map(_SAMPLE_INDEX, requests)),
+            scheduled_num_tokens=tuple(out.num_new_tokens),
             num_prefill_tokens=out.num_tokens - num_decode,
             num_decode_tokens=num_decode,
             admitted=tuple(r.request_id for r in out.admitted),

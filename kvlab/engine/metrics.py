@@ -136,7 +136,11 @@ class StepStats:
     Attributes:
         step: index of the step (from 0).
         time: the clock when the step ended.
-        scheduled: ``(request_id, sample_index, num_new_tokens)`` of each sequence computed.
+        scheduled_ids, scheduled_samples, scheduled_num_tokens: ``request_id``,
+            ``sample_index`` and new tokens of each sequence computed, in row order
+            (``scheduled`` zips them). Three flat tuples, not one tuple per sequence: a
+            run keeps every step's stats, and thousands of small tuples per step would
+            keep the garbage collector busy.
         num_prefill_tokens, num_decode_tokens: this step's tokens, split by kind.
         admitted, finished: ``request_id`` of samples that started or ended this step.
         preempted, swapped_out, swapped_in: samples moved by memory pressure this step.
@@ -149,7 +153,9 @@ class StepStats:
 
     step: int
     time: float
-    scheduled: tuple[tuple[str, int, int], ...]
+    scheduled_ids: tuple[str, ...]
+    scheduled_samples: tuple[int, ...]
+    scheduled_num_tokens: tuple[int, ...]
     num_prefill_tokens: int
     num_decode_tokens: int
     admitted: tuple[str, ...]
@@ -163,6 +169,18 @@ class StepStats:
     kv_usage: float
     kv_utilization: float
     num_free_blocks: int
+
+    @property
+    def scheduled(self) -> tuple[tuple[str, int, int], ...]:
+        """``(request_id, sample_index, num_new_tokens)`` of each sequence computed."""
+        return tuple(
+            zip(self.scheduled_ids, self.scheduled_samples, self.scheduled_num_tokens, strict=True)
+        )
+
+    @property
+    def num_scheduled(self) -> int:
+        """Sequences computed in this step."""
+        return len(self.scheduled_ids)
 
 
 # ---- per run -------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Measurements the labs make, and the benchmarks.
 
-    naive_hf         lab 01: Hugging Face's own cache measured (bytes per token, step time)
-    serve            labs 02-03: requests served greedily through one cache, with refusals
-    experiments      labs 02-03: fragmentation, how many requests fit, block-size trade-off
-    replay           lab 04: a seeded trace replayed through LLM, step logs and timelines
-    kernel_viz       lab 05: which blocks each Triton program reads
-    capstone         lab 07: the seed article's claims measured
-    bench            python -m kvlab.measure.bench: kvlab against Hugging Face, end to end
-    engine_overhead  python -m kvlab.measure.engine_overhead: the engine's own cost per step
+naive_hf         lab 01: Hugging Face's own cache measured (bytes per token, step time)
+serve            labs 02-03: requests served greedily through one cache, with refusals
+experiments      labs 02-03: fragmentation, how many requests fit, block-size trade-off
+replay           lab 04: a seeded trace replayed through LLM, step logs and timelines
+kernel_viz       lab 05: which blocks each Triton program reads
+capstone         lab 07: the seed article's claims measured
+bench            python -m kvlab.measure.bench: kvlab against Hugging Face, end to end
+engine_overhead  python -m kvlab.measure.engine_overhead: the engine's own cost per step
 """

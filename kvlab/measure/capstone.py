@@ -51,7 +51,7 @@ class EngineRun:
     @property
     def peak_running(self) -> int:
         """The most sequences computed together in one step."""
-        return max(len(step.scheduled) for step in self.steps)
+        return max(step.num_scheduled for step in self.steps)
 
     @property
     def num_steps(self) -> int:
@@ -60,7 +60,7 @@ class EngineRun:
     def step_seconds(self) -> list[tuple[int, float]]:
         """``(sequences computed, wall seconds)`` of every step after the first."""
         return [
-            (len(step.scheduled), step.time - before.time)
+            (step.num_scheduled, step.time - before.time)
             for before, step in zip(self.steps, self.steps[1:], strict=False)
         ]
 
@@ -113,7 +113,7 @@ def run_engine(
     seconds = time.perf_counter() - start
     metrics = llm.metrics
     summary = metrics.summary()
-    peak = max(len(step.scheduled) for step in metrics.steps)
+    peak = max(step.num_scheduled for step in metrics.steps)
     result = Result(
         name or f"kvlab-{kv_cache}",
         seconds,

@@ -164,7 +164,7 @@ class ReplayResult:
     def mean_batch_size(self) -> float:
         """Sequences computed per step, averaged over the steps that ran."""
         steps = self.metrics.steps
-        return sum(len(s.scheduled) for s in steps) / len(steps) if steps else math.nan
+        return sum(s.num_scheduled for s in steps) / len(steps) if steps else math.nan
 
     def step_starts(self) -> list[float]:
         """When each step began: its end minus ``step_seconds`` (else the previous end)."""
