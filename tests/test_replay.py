@@ -160,7 +160,7 @@ def test_step_log_and_table_name_every_request(tiny_model):
 
 
 def test_exercise_static_idle_seats_matches_a_replay(tiny_model):
-    from kvlab.exercises import _STATIC_MAX_NUM_SEQS, _STATIC_OUTPUT_LENS
+    from kvlab.exercises.lab04 import _STATIC_MAX_NUM_SEQS, _STATIC_OUTPUT_LENS
 
     lens = list(_STATIC_OUTPUT_LENS)
     requests = TraceRequests([[5, 6, 7, 8]] * len(lens), lens, [0.0] * len(lens))
@@ -171,7 +171,7 @@ def test_exercise_static_idle_seats_matches_a_replay(tiny_model):
 
 
 def test_exercise_dynamic_start_matches_a_replay(tiny_model):
-    from kvlab.exercises import _DYNAMIC_ARRIVALS, _DYNAMIC_MAX_NUM_SEQS, _DYNAMIC_TIMEOUT
+    from kvlab.exercises.lab04 import _DYNAMIC_ARRIVALS, _DYNAMIC_MAX_NUM_SEQS, _DYNAMIC_TIMEOUT
 
     arrivals = list(_DYNAMIC_ARRIVALS)
     requests = TraceRequests([[5, 6, 7]] * len(arrivals), [2] * len(arrivals), arrivals)
@@ -187,11 +187,7 @@ def test_exercise_dynamic_start_matches_a_replay(tiny_model):
 
 
 def test_exercise_watermark_uses_the_schedulers_reserve():
-    from kvlab.exercises import (
-        _WATERMARK,
-        _WATERMARK_NUM_BLOCKS,
-        _WATERMARK_PROMPT_BLOCKS,
-    )
+    from kvlab.exercises.lab04 import _WATERMARK, _WATERMARK_NUM_BLOCKS, _WATERMARK_PROMPT_BLOCKS
 
     cache = PagedKVCache(1, 1, 2, num_blocks=_WATERMARK_NUM_BLOCKS, block_size=4, device="cpu")
     reserve = cache.manager.watermark_blocks(_WATERMARK)
