@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvlab.cache import (
-    POLICIES,
+    RESERVATION_POLICIES,
     BlockManager,
     CacheFullError,
     ContiguousKVCache,
@@ -361,7 +361,7 @@ def manager_state(manager: BlockManager):
 
 
 class ContiguousMachine(AllocatorMachine):
-    @initialize(policy=st.sampled_from(POLICIES))
+    @initialize(policy=st.sampled_from(RESERVATION_POLICIES))
     def make(self, policy):
         self.cache = ContiguousKVCache(
             NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, CONTIGUOUS_SLOTS, policy, MAX_MODEL_LEN,

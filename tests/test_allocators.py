@@ -35,7 +35,7 @@ KINDS = ["contiguous", "paged"]
 def make_cache(kind: str, capacity: int = CAPACITY, **kwargs) -> KVCache:
     shape = (NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM)
     if kind == "contiguous":
-        kwargs.setdefault("policy", "exact")
+        kwargs.setdefault("reservation_policy", "exact")
         return ContiguousKVCache(*shape, num_slots=capacity, device="cpu", **kwargs)
     return PagedKVCache(
         *shape, num_blocks=capacity // BLOCK_SIZE, block_size=BLOCK_SIZE, device="cpu", **kwargs
@@ -201,7 +201,12 @@ def test_fork_then_diverge(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_usage_utilization(kind):
     cache = make_cache(
-        kind, **({"policy": "max_model_len", "max_model_len": 32} if kind == "contiguous" else {})
+        kind,
+        **(
+            {"reservation_policy": "max_model_len", "max_model_len": 32}
+            if kind == "contiguous"
+            else {}
+        ),
     )
     Driver(cache).add(0, prompt_len=5)
     usage = cache.usage()
@@ -261,7 +266,7 @@ def test_reservation_size(policy, prompt_len, max_tokens, expected):
 
 
 def test_reservation_size_errors():
-    with pytest.raises(ValueError, match="policy must be one of"):
+    with pytest.raises(ValueError, match="reservation_policy=.* is not allowed"):
         reservation_size("best", 1, 1, 8)
     with pytest.raises(ValueError, match="needs max_tokens"):
         reservation_size("exact", 1, None, 8)
@@ -298,7 +303,7 @@ def test_contiguous_range_cannot_outgrow_its_reservation():
 
 
 def test_contiguous_exact_policy_has_no_internal_fragmentation_at_the_end():
-    cache = make_cache("contiguous", policy="exact")
+    cache = make_cache("contiguous", reservation_policy="exact")
     driver = Driver(cache)
     driver.add(0, prompt_len=5, max_tokens=3)
     for _ in range(3):
@@ -308,14 +313,14 @@ def test_contiguous_exact_policy_has_no_internal_fragmentation_at_the_end():
 
 def test_contiguous_needs_add_request_unless_it_reserves_max_model_len():
     with pytest.raises(KeyError, match="add_request"):
-        make_cache("contiguous", policy="exact").allocate_slots(0, 1)
-    cache = make_cache("contiguous", policy="max_model_len", max_model_len=32)
+        make_cache("contiguous", reservation_policy="exact").allocate_slots(0, 1)
+    cache = make_cache("contiguous", reservation_policy="max_model_len", max_model_len=32)
     cache.allocate_slots(0, 5)  # declared on the fly: a 32-slot range
     assert cache.arena.range_of(0).num_slots == 32 and cache.num_tokens(0) == 5
 
 
 def test_contiguous_request_larger_than_the_arena_is_an_error():
-    cache = make_cache("contiguous", policy="max_model_len", max_model_len=100)
+    cache = make_cache("contiguous", reservation_policy="max_model_len", max_model_len=100)
     with pytest.raises(ValueError, match="arena has only"):
         cache.add_request(0, [1, 2], None)
 

@@ -250,7 +250,7 @@ def test_priority_preemption_takes_the_lowest_priority():
 
 
 def test_contiguous_cache_admits_only_what_its_reservations_fit():
-    cache = ContiguousKVCache(1, 1, 2, num_slots=40, policy="exact", device="cpu")
+    cache = ContiguousKVCache(1, 1, 2, num_slots=40, reservation_policy="exact", device="cpu")
     scheduler = make(cache=cache)
     for i in range(3):
         scheduler.add_request(request(i, prompt_len=10, max_tokens=8))  # 18 slots each

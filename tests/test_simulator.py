@@ -34,7 +34,9 @@ def trace():
 
 @pytest.fixture(scope="module")
 def results(trace):
-    runs = {p: simulate(trace, LLAMA, allocator="contiguous", policy=p) for p in POLICIES}
+    runs = {
+        p: simulate(trace, LLAMA, allocator="contiguous", reservation_policy=p) for p in POLICIES
+    }
     runs["paged"] = simulate(trace, LLAMA, allocator="paged", block_size=16)
     return runs
 
@@ -173,7 +175,10 @@ def engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs,
         )
     else:
         cache = bookkeeping_cache(
-            "contiguous", num_slots=num_slots, policy=policy, max_model_len=TINY.max_model_len
+            "contiguous",
+            num_slots=num_slots,
+            reservation_policy=policy,
+            max_model_len=TINY.max_model_len,
         )
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,

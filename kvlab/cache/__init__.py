@@ -14,7 +14,7 @@ from kvlab.cache.base import BlockInfo, CacheUsage, KVCache, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.contiguous import ContiguousKVCache, num_slots_for_budget
-from kvlab.cache.contiguous_arena import POLICIES, ContiguousArena, reservation_size
+from kvlab.cache.contiguous_arena import RESERVATION_POLICIES, ContiguousArena, reservation_size
 from kvlab.cache.contiguous_manager import ContiguousManager
 from kvlab.cache.manager import CacheFullError, DecodeAllocation, KVCacheManager, KVUsage
 from kvlab.cache.naive import NaiveKVCache
@@ -23,7 +23,7 @@ from kvlab.cache.prefix_cache import hash_block_tokens
 from kvlab.cache.step import ForwardBatch, StepMetadata
 
 __all__ = [
-    "POLICIES",
+    "RESERVATION_POLICIES",
     "BlockInfo",
     "BlockManager",
     "BlockPool",

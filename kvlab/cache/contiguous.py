@@ -3,7 +3,7 @@
 One preallocated tensor per layer holds every request's K/V, shape
 ``(2, num_slots, num_kv_heads, head_dim)`` (index 0: keys, 1: values). A request declares
 itself with ``add_request(seq_id, prompt_token_ids, max_tokens)`` before its first
-``allocate_slots``: under the reservation ``policy`` (see ``kvlab.cache.contiguous_arena``)
+``allocate_slots``: under the ``reservation_policy`` (see ``kvlab.cache.contiguous_arena``)
 the cache then reserves its whole range at once, so its tokens can never be scattered.
 Reading a sequence back is one slice, no gather: the upside of contiguity. The downside
 is the memory reserved for tokens that may never come, and the holes left between ranges.
@@ -44,7 +44,8 @@ class ContiguousKVCache(PooledKVCache):
     Args:
         num_layers, num_kv_heads, head_dim: the model's KV shape.
         num_slots: token slots in the arena (shared by all requests).
-        policy: how much a request reserves: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
+        reservation_policy: how much a request reserves: ``"max_model_len"``, ``"pow2"``
+            or ``"exact"``.
         max_model_len: the longest sequence; defaults to ``num_slots``.
         dtype, device: of the K/V tensors; device defaults to CUDA when present.
         cell_size: slots per cell in ``block_infos`` (a drawing grid, not an allocation unit).
@@ -56,16 +57,16 @@ class ContiguousKVCache(PooledKVCache):
         num_kv_heads: int,
         head_dim: int,
         num_slots: int,
-        policy: str = "max_model_len",
+        reservation_policy: str = "max_model_len",
         max_model_len: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device | None = None,
         cell_size: int = 16,
     ) -> None:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.manager = ContiguousManager(num_slots, policy, max_model_len)
+        self.manager = ContiguousManager(num_slots, reservation_policy, max_model_len)
         self.arena = self.manager.arena
-        self.policy = policy
+        self.reservation_policy = reservation_policy
         self.max_model_len = self.manager.max_model_len
         if cell_size <= 0:
             raise ValueError(f"cell_size must be >= 1, got {cell_size}")

@@ -37,22 +37,25 @@ from dataclasses import dataclass
 
 from kvlab.cache.manager import CacheFullError
 
-POLICIES = ("max_model_len", "pow2", "exact")
+RESERVATION_POLICIES = ("max_model_len", "pow2", "exact")
 
 
 def reservation_size(
-    policy: str, prompt_len: int, max_tokens: int | None, max_model_len: int
+    reservation_policy: str, prompt_len: int, max_tokens: int | None, max_model_len: int
 ) -> int:
-    """Slots a request reserves under ``policy``.
+    """Slots a request reserves under ``reservation_policy``.
 
     Args:
-        policy: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
+        reservation_policy: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
         prompt_len: prompt tokens.
         max_tokens: output tokens the request may generate (needed by "pow2" and "exact").
         max_model_len: the longest sequence the model accepts.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    policy = reservation_policy
+    if policy not in RESERVATION_POLICIES:
+        raise ValueError(
+            f"reservation_policy={policy!r} is not allowed: use one of {RESERVATION_POLICIES}"
+        )
     if prompt_len <= 0:
         raise ValueError(f"prompt_len must be >= 1, got {prompt_len}")
     if policy == "max_model_len":
@@ -60,7 +63,7 @@ def reservation_size(
             raise ValueError(f"prompt_len={prompt_len} exceeds max_model_len={max_model_len}")
         return max_model_len
     if max_tokens is None or max_tokens < 0:
-        raise ValueError(f"policy {policy!r} needs max_tokens >= 0, got {max_tokens!r}")
+        raise ValueError(f"reservation_policy={policy!r} needs max_tokens >= 0, got {max_tokens!r}")
     final_len = prompt_len + max_tokens
     if final_len > max_model_len:
         raise ValueError(

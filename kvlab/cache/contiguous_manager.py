@@ -28,18 +28,21 @@ class ContiguousManager(KVCacheManager):
 
     Args:
         num_slots: token slots in the arena.
-        policy: how much a request reserves: ``"max_model_len"``, ``"pow2"`` or ``"exact"``.
+        reservation_policy: how much a request reserves: ``"max_model_len"``, ``"pow2"``
+            or ``"exact"``.
         max_model_len: the longest sequence; defaults to ``num_slots``.
     """
 
     block_size = 1
 
-    def __init__(self, num_slots: int, policy: str, max_model_len: int | None = None) -> None:
+    def __init__(
+        self, num_slots: int, reservation_policy: str, max_model_len: int | None = None
+    ) -> None:
         self.arena = ContiguousArena(num_slots)
         self.num_blocks = num_slots
-        self.policy = policy
+        self.reservation_policy = reservation_policy
         self.max_model_len = max_model_len or num_slots
-        reservation_size(policy, 1, 0, self.max_model_len)  # validates the policy name
+        reservation_size(reservation_policy, 1, 0, self.max_model_len)  # validates it
 
     @property
     def num_free_blocks(self) -> int:
@@ -72,18 +75,20 @@ class ContiguousManager(KVCacheManager):
         return table
 
     def check_request(self, prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
-        need = reservation_size(self.policy, prompt_len, max_tokens, self.max_model_len)
+        need = self._size(prompt_len, max_tokens)
         if need > self.num_blocks:
             return (
-                f"it reserves {need} KV slots (policy {self.policy!r}) but the contiguous "
-                f"pool has only {self.num_blocks}"
+                f"it reserves {need} KV slots (reservation_policy="
+                f"{self.reservation_policy!r}) but the contiguous pool has only {self.num_blocks}"
             )
         return None
 
     def blocks_to_admit(
         self, token_ids: Sequence[int], num_computed: int, num_new: int, max_tokens: int
     ) -> int | None:
-        size = reservation_size(self.policy, len(token_ids), max_tokens, self.max_model_len)
+        size = reservation_size(
+            self.reservation_policy, len(token_ids), max_tokens, self.max_model_len
+        )
         return size if self.arena.can_reserve(size) else None
 
     def add_sequence(self, seq_id: int, token_ids: Sequence[int], max_tokens: int | None) -> int:
@@ -92,11 +97,13 @@ class ContiguousManager(KVCacheManager):
         Raises:
             CacheFullError: no hole is long enough; nothing changes.
         """
-        num_slots = reservation_size(self.policy, len(token_ids), max_tokens, self.max_model_len)
+        num_slots = reservation_size(
+            self.reservation_policy, len(token_ids), max_tokens, self.max_model_len
+        )
         if num_slots > self.num_blocks:
             raise ValueError(
-                f"seq {seq_id} would reserve {num_slots} slots under policy {self.policy!r}; "
-                f"the arena has only {self.num_blocks}"
+                f"seq {seq_id} would reserve {num_slots} slots under reservation_policy="
+                f"{self.reservation_policy!r}; the arena has only {self.num_blocks}"
             )
         self.arena.reserve(seq_id, num_slots)
         return 0
@@ -110,10 +117,11 @@ class ContiguousManager(KVCacheManager):
         taken as its prompt; only the "max_model_len" policy can size it without ``max_tokens``.
         """
         if seq_id not in self.arena:
-            if self.policy != "max_model_len":
+            if self.reservation_policy != "max_model_len":
                 raise KeyError(
-                    f"seq {seq_id} has no reservation; under policy {self.policy!r} declare it "
-                    "first with add_request(seq_id, prompt_token_ids, max_tokens)"
+                    f"seq {seq_id} has no reservation; with reservation_policy="
+                    f"{self.reservation_policy!r} declare it first with add_request(seq_id, "
+                    "prompt_token_ids, max_tokens)"
                 )
             self.add_sequence(seq_id, range(num_new_tokens), None)
         self.arena.grow(seq_id, num_new_tokens)
@@ -129,3 +137,6 @@ class ContiguousManager(KVCacheManager):
 
     def free(self, seq_id: int) -> None:
         self.arena.free(seq_id)
+
+    def _size(self, prompt_len: int, max_tokens: int | None) -> int:
+        return reservation_size(self.reservation_policy, prompt_len, max_tokens, self.max_model_len)

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from kvlab.attention import ATTENTION_BACKENDS
 from kvlab.cache.contiguous import ContiguousKVCache
-from kvlab.cache.contiguous_arena import POLICIES as RESERVATION_POLICIES
+from kvlab.cache.contiguous_arena import RESERVATION_POLICIES
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.swap import SwapSpace
 from kvlab.engine.llm_engine import LLMEngine
@@ -281,7 +281,7 @@ def _make_cache(kv_cache, runner, num_blocks, block_size, **options):
     return ContiguousKVCache(
         *kv_shape,
         num_slots=num_blocks * block_size,
-        policy=options["reservation_policy"],
+        reservation_policy=options["reservation_policy"],
         max_model_len=options["max_model_len"],
         dtype=runner.dtype,
         device=runner.device,

@@ -70,11 +70,11 @@ class PagedMemory(SimMemory):
 
 
 class ContiguousMemory(SimMemory):
-    """One reservation per request in a ``ContiguousManager``, sized by ``policy``."""
+    """One reservation per request in a ``ContiguousManager``, sized by ``reservation_policy``."""
 
-    def __init__(self, trace: Trace, num_slots: int, policy: str, max_model_len: int):
-        manager = ContiguousManager(num_slots, policy, max_model_len)
-        super().__init__(f"contiguous/{policy}", manager, 0.0)
+    def __init__(self, trace: Trace, num_slots: int, reservation_policy: str, max_model_len: int):
+        manager = ContiguousManager(num_slots, reservation_policy, max_model_len)
+        super().__init__(f"contiguous/{reservation_policy}", manager, 0.0)
         self.arena = manager.arena
         self.sizes = [
             manager.blocks_to_admit(range(p), 0, p, o)

@@ -45,7 +45,7 @@ def reproduce_seed(
     """
     spec = preset(spec) if isinstance(spec, str) else spec
     trace = make_trace(num_requests, lengths, arrival_rate, seed, spec.max_model_len)
-    runs = [dict(allocator="contiguous", policy=policy) for policy in PUBLISHED_POLICIES]
+    runs = [dict(allocator="contiguous", reservation_policy=p) for p in PUBLISHED_POLICIES]
     runs.append(dict(allocator="paged", block_size=16))
     return [simulate(trace, spec, gpu_memory_bytes, **run) for run in runs]
 

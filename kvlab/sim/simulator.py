@@ -123,7 +123,7 @@ def simulate(
     spec: KVSpec,
     gpu_memory_bytes: int = A100_40GB,
     allocator: str = "paged",
-    policy: str = "max_model_len",
+    reservation_policy: str = "max_model_len",
     block_size: int = 16,
     gpu_memory_utilization: float = 0.9,
     max_num_seqs: int = 256,
@@ -138,7 +138,8 @@ def simulate(
         spec: the model's KV shape and weight count (e.g. ``preset("llama-2-7b")``).
         gpu_memory_bytes: device memory; KV gets ``kv_budget_bytes`` of it.
         allocator: ``"contiguous"`` or ``"paged"``.
-        policy: contiguous reservation policy: ``"max_model_len"``, ``"pow2"``, ``"exact"``.
+        reservation_policy: what a contiguous request reserves: ``"max_model_len"``,
+            ``"pow2"`` or ``"exact"``.
         block_size: tokens per block (paged).
         gpu_memory_utilization: the share of device memory the server may use.
         max_num_seqs: at most this many requests run at once.
@@ -154,7 +155,7 @@ def simulate(
     if allocator == "paged":
         memory = PagedMemory(trace, num_slots, block_size, watermark)
     else:
-        memory = ContiguousMemory(trace, num_slots, policy, spec.max_model_len)
+        memory = ContiguousMemory(trace, num_slots, reservation_policy, spec.max_model_len)
     return _Replay(trace, memory, max_num_seqs, step_seconds, log).run()
 
 
