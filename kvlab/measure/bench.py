@@ -177,21 +177,27 @@ def run_kvlab(model, workload: Workload, scheduling: str, num_blocks: int, args)
         batch_timeout=args.batch_timeout,
         attention_backend=args.attention_backend,
     )
+    seconds, outputs = timed_generate(llm, workload)
+    summary = llm.metrics.summary()
+    note = f"peak KV {summary['kv_usage_peak']:.0%}, {summary['num_preemptions']} preemptions"
+    return Result(
+        f"kvlab-{scheduling}",
+        seconds,
+        outputs,
+        summary["kv_utilization_mean"],
+        note,
+    )
+
+
+def timed_generate(llm, workload: Workload) -> tuple[float, list[list[int]]]:
+    """Seconds ``llm.generate`` takes for the workload (greedy, EOS ignored), and its tokens."""
     params = [
         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens
     ]
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
-    summary = llm.metrics.summary()
-    note = f"peak KV {summary['kv_usage_peak']:.0%}, {summary['num_preemptions']} preemptions"
-    return Result(
-        f"kvlab-{scheduling}",
-        seconds,
-        [o.outputs[0].token_ids for o in outputs],
-        summary["kv_utilization_mean"],
-        note,
-    )
+    return seconds, [o.outputs[0].token_ids for o in outputs]
 
 
 def _hf_config(generation_config_cls, max_new_tokens: int):

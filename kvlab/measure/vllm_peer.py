@@ -29,14 +29,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from kvlab.engine.llm import LLM
-from kvlab.engine.sampling_params import SamplingParams
-from kvlab.measure.bench import Workload, make_workload
+from kvlab.measure.bench import Workload, make_workload, timed_generate
 from kvlab.model.loading import load_model, smollm2_folder
 
 SIDE_ENV = Path(".venv-vllm")
@@ -92,19 +90,14 @@ def run_kvlab(model, workload: Workload, settings: dict) -> tuple[float, list[li
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         enable_prefix_caching=settings["enable_prefix_caching"],
     )
-    params = [
-        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens
-    ]
-    start = time.perf_counter()
-    outputs = llm.generate(workload.prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    seconds, tokens = timed_generate(llm, workload)
     summary = llm.metrics.summary()
     counters = {
         "preemptions": summary["num_preemptions"],
         "kv_usage_peak": summary["kv_usage_peak"],
         "prefix_hit_rate": summary.get("prefix_cache_hit_rate", 0.0),
     }
-    return seconds, [o.outputs[0].token_ids for o in outputs], counters
+    return seconds, tokens, counters
 
 
 def main(argv=None) -> int:
