@@ -152,16 +152,15 @@ class BlockManager(KVCacheManager):
         blocks, _ = self._match_prefix(token_ids)
         return blocks
 
-    def num_cached_tokens(self, token_ids: Sequence[int]) -> int:
-        return len(self.lookup_prefix(token_ids)) * self.block_size
-
-    def blocks_to_admit(
-        self, token_ids: Sequence[int], num_computed: int, num_new: int, max_tokens: int
-    ) -> int:
+    def plan_admission(
+        self, token_ids: Sequence[int], token_budget: float, max_tokens: int
+    ) -> tuple[int, int, int]:
         hits = self.lookup_prefix(token_ids)
+        num_computed = len(hits) * self.block_size
+        num_new = int(min(len(token_ids) - num_computed, token_budget))
         new_blocks = self.blocks_for(num_computed + num_new) - len(hits)
         revived = sum(1 for b in hits if self.pool.ref_cnt[b] == 0)  # they leave the free queue
-        return new_blocks + revived
+        return num_computed, num_new, new_blocks + revived
 
     # ---- changes -------------------------------------------------------------------------
 

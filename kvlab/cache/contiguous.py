@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from kvlab.cache.base import BlockInfo, PooledKVCache
+from kvlab.cache.contiguous_arena import ContiguousArena
 from kvlab.cache.contiguous_manager import ContiguousManager
 from kvlab.cache.step import StepMetadata
 from kvlab.env import default_device
@@ -65,9 +66,6 @@ class ContiguousKVCache(PooledKVCache):
     ) -> None:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.manager = ContiguousManager(num_slots, reservation_policy, max_model_len)
-        self.arena = self.manager.arena
-        self.reservation_policy = reservation_policy
-        self.max_model_len = self.manager.max_model_len
         if cell_size <= 0:
             raise ValueError(f"cell_size must be >= 1, got {cell_size}")
         self.cell_size = cell_size
@@ -84,6 +82,19 @@ class ContiguousKVCache(PooledKVCache):
         kwargs.setdefault("max_model_len", spec.max_model_len)
         kwargs.setdefault("dtype", torch.float16 if spec.dtype_bytes == 2 else torch.float32)
         return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_slots, **kwargs)
+
+    @property
+    def arena(self) -> ContiguousArena:
+        """The manager's arena: the ranges and holes the page map draws."""
+        return self.manager.arena
+
+    @property
+    def reservation_policy(self) -> str:
+        return self.manager.reservation_policy
+
+    @property
+    def max_model_len(self) -> int:
+        return self.manager.max_model_len
 
     @property
     def num_slots(self) -> int:

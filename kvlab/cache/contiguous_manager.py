@@ -42,7 +42,7 @@ class ContiguousManager(KVCacheManager):
         self.num_blocks = num_slots
         self.reservation_policy = reservation_policy
         self.max_model_len = max_model_len or num_slots
-        reservation_size(reservation_policy, 1, 0, self.max_model_len)  # validates it
+        self.reservation(1, 0)  # validates the policy's name
 
     @property
     def num_free_blocks(self) -> int:
@@ -75,7 +75,7 @@ class ContiguousManager(KVCacheManager):
         return table
 
     def check_request(self, prompt_len: int, max_tokens: int, max_model_len: int) -> str | None:
-        need = self._size(prompt_len, max_tokens)
+        need = self.reservation(prompt_len, max_tokens)
         if need > self.num_blocks:
             return (
                 f"it reserves {need} KV slots (reservation_policy="
@@ -83,13 +83,13 @@ class ContiguousManager(KVCacheManager):
             )
         return None
 
-    def blocks_to_admit(
-        self, token_ids: Sequence[int], num_computed: int, num_new: int, max_tokens: int
-    ) -> int | None:
-        size = reservation_size(
-            self.reservation_policy, len(token_ids), max_tokens, self.max_model_len
-        )
-        return size if self.arena.can_reserve(size) else None
+    def plan_admission(
+        self, token_ids: Sequence[int], token_budget: float, max_tokens: int
+    ) -> tuple[int, int, int] | None:
+        size = self.reservation(len(token_ids), max_tokens)
+        if not self.arena.can_reserve(size):
+            return None
+        return 0, int(min(len(token_ids), token_budget)), size
 
     def add_sequence(self, seq_id: int, token_ids: Sequence[int], max_tokens: int | None) -> int:
         """Reserve ``seq_id``'s whole range under the policy; return 0 (nothing is cached).
@@ -97,9 +97,7 @@ class ContiguousManager(KVCacheManager):
         Raises:
             CacheFullError: no hole is long enough; nothing changes.
         """
-        num_slots = reservation_size(
-            self.reservation_policy, len(token_ids), max_tokens, self.max_model_len
-        )
+        num_slots = self.reservation(len(token_ids), max_tokens)
         if num_slots > self.num_blocks:
             raise ValueError(
                 f"seq {seq_id} would reserve {num_slots} slots under reservation_policy="
@@ -138,5 +136,6 @@ class ContiguousManager(KVCacheManager):
     def free(self, seq_id: int) -> None:
         self.arena.free(seq_id)
 
-    def _size(self, prompt_len: int, max_tokens: int | None) -> int:
+    def reservation(self, prompt_len: int, max_tokens: int | None) -> int:
+        """Slots a request of ``prompt_len`` tokens and ``max_tokens`` outputs reserves."""
         return reservation_size(self.reservation_policy, prompt_len, max_tokens, self.max_model_len)

@@ -170,29 +170,32 @@ class KVCacheManager(ABC):
             ``(num_computed_tokens, num_new_tokens)``: tokens found cached, and tokens
             allocated for this step. None when it does not fit; nothing changed then.
         """
-        num_computed = self.num_cached_tokens(token_ids)
-        num_new = int(min(len(token_ids) - num_computed, token_budget))
-        need = self.blocks_to_admit(token_ids, num_computed, num_new, max_tokens)
-        if need is None or self.num_free_blocks - need < self.watermark_blocks(watermark):
+        plan = self.plan_admission(token_ids, token_budget, max_tokens)
+        if plan is None:
+            return None
+        num_computed, num_new, need = plan
+        if self.num_free_blocks - need < self.watermark_blocks(watermark):
             return None
         self.add_sequence(seq_id, token_ids, max_tokens)
         try:
             copies = self.allocate_slots(seq_id, num_new, token_ids[num_computed:][:num_new])
         except CacheFullError:
-            self.free(seq_id)  # not expected: blocks_to_admit counted them
+            self.free(seq_id)  # not expected: plan_admission counted them
             return None
         assert not copies, "a new sequence shares no partly filled block"
         return num_computed, num_new
 
-    def num_cached_tokens(self, token_ids: Sequence[int]) -> int:
-        """Leading tokens whose K/V the prefix cache holds already; changes nothing."""
-        return 0
-
     @abstractmethod
-    def blocks_to_admit(
-        self, token_ids: Sequence[int], num_computed: int, num_new: int, max_tokens: int
-    ) -> int | None:
-        """Free units that admitting this sequence would take; None if it cannot fit at all."""
+    def plan_admission(
+        self, token_ids: Sequence[int], token_budget: float, max_tokens: int
+    ) -> tuple[int, int, int] | None:
+        """What admitting a sequence would take now, changing nothing.
+
+        Returns:
+            ``(num_computed_tokens, num_new_tokens, num_blocks)``: tokens the prefix cache
+            holds already, tokens its first step computes (at most ``token_budget``), and
+            free units it would take. None when it cannot fit at all.
+        """
 
     # ---- changes -------------------------------------------------------------------------
 

@@ -84,7 +84,6 @@ class PagedKVCache(PooledKVCache):
     ) -> None:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.block_size = block_size
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else default_device()
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
@@ -97,6 +96,10 @@ class PagedKVCache(PooledKVCache):
         """A cache shaped like ``spec``'s model."""
         kwargs.setdefault("dtype", torch.float16 if spec.dtype_bytes == 2 else torch.float32)
         return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks, **kwargs)
+
+    @property
+    def block_size(self) -> int:
+        return self.manager.block_size
 
     @property
     def num_blocks(self) -> int:

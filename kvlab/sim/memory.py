@@ -77,11 +77,11 @@ class ContiguousMemory(SimMemory):
         super().__init__(f"contiguous/{reservation_policy}", manager, 0.0)
         self.arena = manager.arena
         self.sizes = [
-            manager.blocks_to_admit(range(p), 0, p, o)
+            manager.reservation(p, o)
             for p, o in zip(trace.prompt_lens, trace.output_lens, strict=True)
         ]
-        if None in self.sizes:
-            raise ValueError(f"a reservation exceeds the {num_slots} slots of the arena")
+        if max(self.sizes) > num_slots:
+            raise ValueError(f"a {max(self.sizes)}-slot reservation exceeds {num_slots} slots")
         self._blocked: tuple[int, int] | None = None  # (request, arena version) that failed
         self._version = 0  # bumped whenever the arena changes
         self._external: tuple[tuple[int, int] | None, int] = (None, 0)  # memo per version
