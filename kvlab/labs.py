@@ -1,10 +1,12 @@
 """Helpers the allocator labs share, so that no notebook pastes library code.
 
-    live_view(cache, title, weight_bytes)   a page map and a memory gauge of ``cache``,
-                                            shown now; returns both widgets
-    watch(page_map, gauge, history, ...)    an ``on_step`` callback for
-                                            ``kvlab.measure.serve.serve``: redraw
-                                            both, record the cache's fragmentation
+    Recording()                             an ``on_step`` callback for
+                                            ``kvlab.measure.serve.serve``: after every
+                                            step it keeps the pool (for a StepView), the
+                                            cache's fragmentation and, if asked, the
+                                            block tables
+    recording.view(title, weight_bytes)     a step slider, page map and memory gauge over
+                                            the run, resting on its fullest step
     describe_fullest(history, label)        the step where a cache held the most tokens,
                                             in words, and the mean use over all steps
 
@@ -13,41 +15,41 @@ Not handled: the engine's widgets (lab 04's batching panel is ``kvlab.widgets``)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from IPython.display import display
-
 from kvlab.cache.base import PooledKVCache
 from kvlab.measure.experiments import Fragmentation, fragmentation
-from kvlab.widgets import MemoryGauge, PageMap, format_bytes
+from kvlab.widgets import format_bytes
+from kvlab.widgets.step_view import PoolSnapshot, StepView
 
 
-def live_view(cache: PooledKVCache, title: str, weight_bytes: int) -> tuple[PageMap, MemoryGauge]:
-    """Show a page map and a memory gauge of ``cache`` now; ``watch`` redraws them."""
-    page_map = PageMap(cache, title=title)
-    gauge = MemoryGauge(cache, weight_bytes=weight_bytes, title=title)
-    display(page_map, gauge)
-    return page_map, gauge
+class Recording:
+    """An ``on_step(step, cache)`` callback that records the KV pool after every step.
 
+    Args:
+        request_size: passed to ``fragmentation`` (the slots one more request needs).
+        tables: also record every sequence's block table.
 
-def watch(
-    page_map: PageMap,
-    gauge: MemoryGauge,
-    history: list[Fragmentation],
-    request_size: int | None = None,
-    tables: list[dict[int, list[int]]] | None = None,
-) -> Callable[[int, PooledKVCache], None]:
-    """An ``on_step(step, cache)`` callback: redraw both widgets, append the cache's
-    fragmentation to ``history`` and, if ``tables`` is given, every block table."""
+    Attributes:
+        snapshots: one ``PoolSnapshot`` per step.
+        fragmentation: one ``Fragmentation`` per step.
+        tables: one ``{seq_id: block_table}`` per step (empty unless ``tables``).
+    """
 
-    def on_step(step: int, cache: PooledKVCache) -> None:
-        page_map.update(cache)
-        gauge.update(cache)
-        history.append(fragmentation(cache, request_size))
-        if tables is not None:
-            tables.append({s: cache.block_table(s) for s in cache.manager.seq_ids()})
+    def __init__(self, request_size: int | None = None, tables: bool = False) -> None:
+        self.request_size = request_size
+        self.record_tables = tables
+        self.snapshots: list[PoolSnapshot] = []
+        self.fragmentation: list[Fragmentation] = []
+        self.tables: list[dict[int, list[int]]] = []
 
-    return on_step
+    def __call__(self, step: int, cache: PooledKVCache) -> None:
+        self.snapshots.append(PoolSnapshot.of(cache, step))
+        self.fragmentation.append(fragmentation(cache, self.request_size))
+        if self.record_tables:
+            self.tables.append({s: cache.block_table(s) for s in cache.manager.seq_ids()})
+
+    def view(self, title: str, weight_bytes: int, step: int | None = None) -> StepView:
+        """A ``StepView`` of the run, resting on ``step`` (default: the fullest)."""
+        return StepView(self.snapshots, title=title, weight_bytes=weight_bytes, step=step)
 
 
 def describe_fullest(history: list[Fragmentation], label: str) -> tuple[str, Fragmentation]:

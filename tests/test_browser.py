@@ -78,7 +78,46 @@ def test_lab03_page_map_and_gauge_render(lab):
     assert int(gauge.get_attribute("data-drawn-segments") or 0) > 0, "the gauge drew nothing"
     screenshot(page, "lab03_page_map.png", page.locator(PAGE_MAP).first)
     screenshot(page, "lab03_memory_gauge.png", gauge)
+    check_tooltip_is_whole(page)
+    check_step_view_follows_its_slider(page)
     assert not lab.errors, f"JavaScript errors: {lab.errors}"
+
+
+def check_tooltip_is_whole(page) -> None:
+    """Hover over a held block of the fork map (a one-row map, where output areas used to
+    clip the tooltip after three lines): every line, ref_cnt included, must be on screen."""
+    fork_map = page.locator(".kvlab-page-map-root", has_text="after fork(0, 1)").first
+    canvas = fork_map.locator(PAGE_MAP)
+    canvas.scroll_into_view_if_needed()
+    cell = int(canvas.get_attribute("data-cell-px"))
+    canvas.hover(position={"x": cell // 2, "y": cell // 2})
+    tooltip = page.locator('[data-testid="kvlab-page-map-tooltip"]:visible').first
+    text = tooltip.text_content()
+    assert "ref_cnt 2" in text and "tokens 16 / 16" in text, text
+    box = tooltip.bounding_box()
+    # Drawn whole: it lives outside every output area (which clip with overflow: hidden),
+    # in a fixed layer, and lies inside the window.
+    outside = tooltip.evaluate(
+        "el => el.parentElement === document.body && getComputedStyle(el).position === 'fixed'"
+    )
+    assert outside, "the tooltip sits inside an output area, which clips it"
+    assert box["y"] >= 0 and box["y"] + box["height"] <= page.viewport_size["height"], box
+    screenshot(page, "lab03_tooltip.png")
+
+
+def check_step_view_follows_its_slider(page) -> None:
+    """The paged run's StepView rests on its fullest step; one key press goes back a step."""
+    view = page.locator(".kvlab-step-view").first
+    view.scroll_into_view_if_needed()
+    title = view.locator(".kvlab-page-map-title")
+    before = title.text_content()
+    assert "(fullest)" in before, before
+    view.locator(".kvlab-slider-step .noUi-handle, .kvlab-slider-step input").first.focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(
+        "([el, before]) => el.textContent !== before", arg=[title.element_handle(), before]
+    )
+    assert "(fullest)" not in title.text_content()
 
 
 PANEL_STATE = """() => {
@@ -103,6 +142,10 @@ def test_lab04_slider_replays_and_redraws(lab):
     assert before["blocks"] and int(before["blocks"]) > 0, f"the panel's page map: {before}"
     panel = page.locator(PANEL).first
     screenshot(page, "lab04_batching_panel.png", panel)
+    # Sliders and page map on one 1,000 px screen: from the first slider to the map's end.
+    top = panel.locator(".kvlab-slider-max_num_seqs").first.bounding_box()["y"]
+    map_box = panel.locator(PAGE_MAP).first.bounding_box()
+    assert map_box["y"] + map_box["height"] - top < 1000, (top, map_box)
 
     # Move the arrival-rate slider as a learner would: focus its handle, press the arrow key.
     handle = panel.locator(".kvlab-slider-arrival_rate .noUi-handle").first

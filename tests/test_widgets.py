@@ -202,10 +202,15 @@ def test_gauge_segments_add_up_on_cpu():
     assert sum(sizes.values()) == gauge.total_bytes == 500 * MIB + usage.capacity_bytes
     assert gauge.total_label == "628.0 MiB"
     assert gauge.device == "cpu"
+    # One base for every percentage: the KV pool.
     assert gauge.to_text() == (
-        "paged: weights 500.0 MiB; KV pool 128.0 MiB: 37.0 MiB used, "
-        "11.0 MiB reserved but unused, 80.0 MiB free (utilization 77%)"
+        "paged: KV pool 128.0 MiB: 37.0 MiB (28.9%) used, 11.0 MiB (8.6%) reserved but "
+        "unused, 80.0 MiB (62.5%) free; weights 500.0 MiB"
     )
+    shares = {s["name"]: s["share"] for s in gauge.segments}
+    assert shares["KV used"] == 37 / 128 and shares["KV free"] == 80 / 128
+    assert shares["weights"] == 500 / 628
+    assert gauge.kv_share == 128 / 628
 
 
 def test_gauge_update_follows_the_cache_and_accepts_a_usage():

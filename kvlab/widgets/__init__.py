@@ -1,5 +1,8 @@
 """Live notebook views of the KV cache: the page map, the memory gauge, the batching panel.
 
+Each also stores a static picture (SVG, or PNG for plotly figures once
+``enable_static_figures()`` ran), so that GitHub and nbviewer show what a kernel would.
+
 Widgets import from the rest of kvlab; nothing in kvlab imports widgets.
 ``BatchingPanel`` runs the engine, so it is imported on first use: ``import kvlab.widgets``
 for a page map does not pay for importing transformers.
@@ -11,10 +14,21 @@ import importlib
 
 from kvlab.widgets.memory_gauge import MemoryGauge, format_bytes
 from kvlab.widgets.page_map import PageMap, seq_color
+from kvlab.widgets.static_figures import enable_static_figures
+from kvlab.widgets.step_view import PoolSnapshot, StepView
 
 _LAZY = {"BatchingPanel": "kvlab.widgets.batching_panel"}
 
-__all__ = ["BatchingPanel", "MemoryGauge", "PageMap", "format_bytes", "seq_color"]
+__all__ = [
+    "BatchingPanel",
+    "MemoryGauge",
+    "PageMap",
+    "PoolSnapshot",
+    "StepView",
+    "enable_static_figures",
+    "format_bytes",
+    "seq_color",
+]
 
 
 def __getattr__(name: str):

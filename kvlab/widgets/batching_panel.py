@@ -9,11 +9,13 @@ Alpaca-like lengths) through ``kvlab.LLM``, once per scheduling policy, on a ``M
 (each step lasts ``step_seconds``), so the numbers are exact and repeatable and a replay of
 the tiny model takes about a second on a CPU. What the panel shows:
 
+    page map      the KV pool, live during the run, then at any step (the step slider)
+    memory gauge  the KV memory at the same step
     timeline      the selected policy: each request waiting / prefill / decode / swapped
     load          running and waiting requests and KV usage over time (selected policy)
     comparison    TTFT p99, E2E p50/p99, tokens/s and mean batch size of all three policies
-    page map      the KV pool, live during the run, then at any step (the step slider)
-    memory gauge  the KV memory at the same step
+
+Where no kernel runs it (GitHub, nbviewer), its output shows a PNG of the timeline.
 
 Each slider has the CSS class ``kvlab-slider-<name>`` (``max_num_seqs``, ``batch_timeout``,
 ``block_size``, ``num_blocks``, ``max_num_batched_tokens``, ``arrival_rate``, and ``step``);
@@ -31,6 +33,7 @@ measures that separately.
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 from dataclasses import dataclass, fields, replace
@@ -38,7 +41,6 @@ from dataclasses import dataclass, fields, replace
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from kvlab.cache.base import CacheUsage
 from kvlab.engine.llm import LLM
 from kvlab.engine.metrics import ManualClock
 from kvlab.engine.scheduler_config import SCHEDULING_MODES, SchedulerConfig
@@ -48,6 +50,9 @@ from kvlab.sim.trace import LENGTH_PROFILES, make_trace
 from kvlab.widgets.batching_figures import comparison_figure, panel_figure, show_figure
 from kvlab.widgets.memory_gauge import MemoryGauge
 from kvlab.widgets.page_map import PageMap
+from kvlab.widgets.static_figures import figure_png
+from kvlab.widgets.step_view import PoolSnapshot
+from kvlab.widgets.svg import stack_svgs, with_static_copy
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -153,23 +158,6 @@ def _sliders(settings: PanelSettings) -> dict[str, widgets.Widget]:
 # ---- the panel -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Snapshot:
-    """The KV pool after one step, in the form the page map and the gauge read."""
-
-    infos: tuple
-    cache_usage: CacheUsage
-    block_size: int
-    step: int
-    time: float
-
-    def block_infos(self) -> list:
-        return list(self.infos)
-
-    def usage(self) -> CacheUsage:
-        return self.cache_usage
-
-
 class BatchingPanel(widgets.VBox):
     """Sliders for max_num_seqs, batch_timeout, block_size, num_blocks, the token budget
     and the arrival rate; every change replays one seeded trace and redraws.
@@ -235,7 +223,7 @@ class BatchingPanel(widgets.VBox):
         self.comparison: go.Figure | None = None
         self.error: str | None = None
         self.num_replays = 0
-        self._snapshots: list[_Snapshot] = []
+        self._snapshots: list[PoolSnapshot] = []
         self._quiet = False
         super().__init__(children=self._build())
         self.add_class("kvlab-batching-panel")
@@ -284,12 +272,14 @@ class BatchingPanel(widgets.VBox):
             ]
         )
         pool = widgets.VBox([self.step_slider, self.page_map, self.gauge])
+        # The pool right under the sliders: both fit a 1,000 px window, so a learner sees
+        # the map change as a slider moves; the tall timeline comes after.
         return [
             self.scheduling,
             controls,
             widgets.HBox([self.run_button, self.status]),
-            self.plot,
             pool,
+            self.plot,
             self.comparison_plot,
         ]
 
@@ -363,9 +353,7 @@ class BatchingPanel(widgets.VBox):
         self._snapshots = []
 
         def on_step(stats) -> None:
-            snapshot = _Snapshot(
-                tuple(cache.block_infos()), cache.usage(), cache.block_size, stats.step, stats.time
-            )
+            snapshot = PoolSnapshot.of(cache, stats.step, stats.time)
             self._snapshots.append(snapshot)
             self._show_pool(snapshot, policy)  # live: the page map moves while it runs
 
@@ -396,7 +384,7 @@ class BatchingPanel(widgets.VBox):
         if self._snapshots:
             self._show_pool(self._snapshots[peak], settings.scheduling, note=" (peak KV use)")
 
-    def _show_pool(self, snapshot: _Snapshot, policy: str, note: str = "") -> None:
+    def _show_pool(self, snapshot: PoolSnapshot, policy: str, note: str = "") -> None:
         self.page_map.title = (
             f"{policy}: KV pool after step {snapshot.step}, t = {snapshot.time:.3f} s{note}"
         )
@@ -430,6 +418,17 @@ class BatchingPanel(widgets.VBox):
             return
         index = min(change["new"], len(self._snapshots) - 1)
         self._show_pool(self._snapshots[index], self.settings.scheduling)
+
+    def _repr_mimebundle_(self, **kwargs):
+        # For GitHub, nbviewer and HTML exports: a PNG of the timeline where a browser can
+        # draw one, else the pool's SVG at the step shown.
+        pool = stack_svgs([self.page_map.to_svg(), self.gauge.to_svg()])
+        data, metadata = with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), pool)
+        png = figure_png(self.figure) if self.figure is not None else None
+        if png is not None:
+            del data["image/svg+xml"]
+            data["image/png"] = base64.b64encode(png).decode("ascii")
+        return data, metadata
 
     def __repr__(self) -> str:
         if self.error:

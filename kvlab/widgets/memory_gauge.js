@@ -1,7 +1,11 @@
-// Memory gauge front end: a stacked horizontal bar plus a legend of labelled byte counts.
-// The model holds segments [{name, num_bytes, label, color}] left to right (memory_gauge.py).
+// Memory gauge front end: the KV pool on a bar of its own scale, all memory on a thin bar
+// below, each with a legend. The model holds segments [{name, num_bytes, label, color, kv,
+// share}] left to right (memory_gauge.py); share is of the KV pool for kv segments, of all
+// memory for the others, so each legend has one base.
 
-const SYNCED = ["title", "device", "segments", "total_bytes", "total_label", "summary"];
+const SYNCED = [
+  "title", "device", "segments", "total_bytes", "total_label", "kv_label", "kv_share", "summary",
+];
 const MIN_VISIBLE_PX = 2; // a non-empty stretch never vanishes, however small
 
 function el(tag, className, text) {
@@ -11,32 +15,30 @@ function el(tag, className, text) {
   return node;
 }
 
-function percent(part, total) {
-  return total > 0 ? (100 * part) / total : 0;
-}
-
-function drawBar(bar, segments, total) {
+function drawBar(bar, segments) {
+  const total = segments.reduce((sum, s) => sum + s.num_bytes, 0);
   const parts = segments.map((s) => {
     const part = el("div", "kvlab-memory-gauge-segment");
     part.dataset.segment = s.name;
     part.style.background = s.color;
-    part.style.width = `${percent(s.num_bytes, total)}%`;
+    part.style.width = `${total > 0 ? (100 * s.num_bytes) / total : 0}%`;
     if (s.num_bytes > 0) part.style.minWidth = `${MIN_VISIBLE_PX}px`;
-    part.title = `${s.name}: ${s.label} (${percent(s.num_bytes, total).toFixed(1)}%)`;
+    part.title = `${s.name}: ${s.label} (${(100 * s.share).toFixed(1)}%)`;
     return part;
   });
   bar.replaceChildren(...parts);
 }
 
-function drawLegend(legend, segments, total) {
+function drawLegend(legend, segments, extra) {
   const items = segments.map((s) => {
     const item = el("span", "kvlab-memory-gauge-item");
     const box = el("span", "kvlab-memory-gauge-swatch");
     box.style.background = s.color;
-    const pct = percent(s.num_bytes, total).toFixed(1);
+    const pct = (100 * s.share).toFixed(1);
     item.append(box, document.createTextNode(`${s.name} ${s.label} (${pct}%)`));
     return item;
   });
+  if (extra) items.push(el("span", "kvlab-memory-gauge-item", extra));
   legend.replaceChildren(...items);
 }
 
@@ -47,9 +49,13 @@ function render({ model, el: host }) {
   const bar = el("div", "kvlab-memory-gauge-bar");
   bar.dataset.testid = "kvlab-memory-gauge-bar";
   const legend = el("div", "kvlab-memory-gauge-legend");
+  const allTitle = el("div", "kvlab-memory-gauge-all-title");
+  const allBar = el("div", "kvlab-memory-gauge-bar kvlab-memory-gauge-all");
+  allBar.dataset.testid = "kvlab-memory-gauge-all-bar";
+  const allLegend = el("div", "kvlab-memory-gauge-legend");
   const summary = el("div", "kvlab-memory-gauge-summary");
   summary.dataset.testid = "kvlab-memory-gauge-summary";
-  root.append(title, bar, legend, summary);
+  root.append(title, bar, legend, allTitle, allBar, allLegend, summary);
   host.append(root);
 
   let frame = null;
@@ -58,9 +64,15 @@ function render({ model, el: host }) {
     const segments = model.get("segments");
     const total = model.get("total_bytes");
     const name = model.get("title");
-    title.textContent = `${name ? `${name}: ` : ""}${model.get("total_label")} (${model.get("device")})`;
-    drawBar(bar, segments, total);
-    drawLegend(legend, segments, total);
+    const kv = segments.filter((s) => s.kv);
+    const others = segments.filter((s) => !s.kv);
+    title.textContent = `${name ? `${name}: ` : ""}${model.get("kv_label")} KV pool`;
+    drawBar(bar, kv);
+    drawLegend(legend, kv);
+    allTitle.textContent = `all memory, ${model.get("total_label")} (${model.get("device")}):`;
+    drawBar(allBar, segments);
+    const pool = `and the KV pool (${(100 * model.get("kv_share")).toFixed(1)}%), split as above`;
+    drawLegend(allLegend, others, pool);
     summary.textContent = model.get("summary");
     root.dataset.totalBytes = String(total);
     root.dataset.drawnSegments = String(segments.length);

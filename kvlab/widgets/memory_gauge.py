@@ -1,16 +1,23 @@
-"""The memory gauge: one horizontal bar that splits memory into weights and KV cache.
+"""The memory gauge: the KV pool on a bar of its own, and all memory on a thin bar below.
 
-The bar answers lab 01's question (where does serving memory go?) and the allocator labs'
-(how much of the KV pool holds real tokens?):
+The bars answer the allocator labs' question (how much of the KV pool holds real tokens?)
+and lab 01's (where does serving memory go?):
 
-    | weights | KV used | KV reserved, unused | KV free | other | torch cache | outside | free |
-              |<---- cache.usage(): capacity_bytes ---->|<------------ CUDA only ------------->|
+    KV pool:     | KV used | KV reserved, unused | KV free |        percentages of the pool
+    all memory:  | weights | KV pool | other | torch cache | outside | free |   of the total
+                                       |<------------ CUDA only ------------>|
+
+The pool gets its own scale because on a small model the weights take 85-98% of memory:
+on one shared bar the part each allocator lab is about would be a sliver.
 
 ``KV used`` holds tokens of live sequences; ``KV reserved, unused`` is held by sequences but
 empty (a contiguous arena's over-reservation, a paged block's unfilled tail); ``KV free`` is
 the rest of the pool. On a CUDA device the bar goes on to the whole device, read from
 ``torch.cuda.mem_get_info`` and the caching allocator's counters. ``update`` only reassigns
 a few small traitlets, so it can run after every engine step.
+
+Wherever no kernel runs the widget (GitHub, nbviewer, an HTML export), its output shows an
+SVG of the same state (``to_svg``) and its text (``to_text``).
 
 Not handled: activations and temporary buffers (they show up as "other tensors" on CUDA
 only), several devices at once, memory over time (the engine's stats do that).
@@ -27,6 +34,7 @@ import traitlets as t
 
 from kvlab.cache.base import CacheUsage
 from kvlab.memory import GIB, MIB
+from kvlab.widgets.svg import gauge_svg, with_static_copy
 
 _HERE = Path(__file__).parent
 KIB = 2**10
@@ -83,12 +91,19 @@ class CudaMemory:
 
 @dataclass(frozen=True)
 class Segment:
-    """One stretch of the bar."""
+    """One stretch of a bar.
+
+    Attributes:
+        kv: part of the KV pool (drawn on the pool's own bar too).
+        share: of the KV pool for a KV stretch, of all memory for the others.
+    """
 
     name: str
     num_bytes: int
     label: str
     color: str
+    kv: bool
+    share: float
 
 
 def usage_of(source) -> CacheUsage:
@@ -133,17 +148,28 @@ def gauge_segments(
         sizes["torch cache"] = max(0, cuda.reserved_bytes - cuda.allocated_bytes)
         sizes["outside torch"] = max(0, cuda.total_bytes - cuda.free_bytes - cuda.reserved_bytes)
         sizes["device free"] = cuda.free_bytes
-    return [Segment(name, n, format_bytes(n), COLORS[name]) for name, n in sizes.items()]
+    total = sum(sizes.values())
+    segments = []
+    for name, n in sizes.items():
+        kv = name.startswith("KV ")
+        base = usage.capacity_bytes if kv else total
+        segments.append(
+            Segment(name, n, format_bytes(n), COLORS[name], kv, n / base if base else 0.0)
+        )
+    return segments
 
 
 def gauge_summary(usage: CacheUsage, weight_bytes: int, cuda: CudaMemory | None) -> str:
-    """One line of numbers under the bar."""
+    """One line of numbers under the bars; every percentage is of the KV pool."""
+    capacity = usage.capacity_bytes
+
+    def part(num_bytes: int) -> str:
+        return f"{format_bytes(num_bytes)} ({num_bytes / capacity:.1%})" if capacity else "0 B"
+
     text = (
-        f"weights {format_bytes(weight_bytes)}; KV pool {format_bytes(usage.capacity_bytes)}: "
-        f"{format_bytes(usage.used_bytes)} used, "
-        f"{format_bytes(usage.reserved_bytes - usage.used_bytes)} reserved but unused, "
-        f"{format_bytes(usage.capacity_bytes - usage.reserved_bytes)} free "
-        f"(utilization {usage.utilization:.0%})"
+        f"KV pool {format_bytes(capacity)}: {part(usage.used_bytes)} used, "
+        f"{part(usage.reserved_bytes - usage.used_bytes)} reserved but unused, "
+        f"{part(capacity - usage.reserved_bytes)} free; weights {format_bytes(weight_bytes)}"
     )
     if cuda is not None:
         text += f"; device {format_bytes(cuda.total_bytes)}, {format_bytes(cuda.free_bytes)} free"
@@ -178,6 +204,8 @@ class MemoryGauge(anywidget.AnyWidget):
     segments = t.List().tag(sync=True)
     total_bytes = t.Int(0).tag(sync=True)
     total_label = t.Unicode("0 B").tag(sync=True)
+    kv_label = t.Unicode("0 B").tag(sync=True)
+    kv_share = t.Float(0.0).tag(sync=True)  # the KV pool's share of all memory
     summary = t.Unicode("").tag(sync=True)
 
     def __init__(self, cache=None, weight_bytes: int = 0, device=None, title: str = "", **kwargs):
@@ -205,11 +233,22 @@ class MemoryGauge(anywidget.AnyWidget):
             self.segments = [asdict(s) for s in segments]
             self.total_bytes = total
             self.total_label = format_bytes(total)
+            self.kv_label = format_bytes(usage.capacity_bytes)
+            self.kv_share = usage.capacity_bytes / total if total else 0.0
             self.summary = gauge_summary(usage, self._weight_bytes, cuda)
 
     def to_text(self) -> str:
         """The title and the numbers: deterministic text on CPU for notebooks and tests."""
         return f"{self.title}: {self.summary}" if self.title else self.summary
+
+    def to_svg(self) -> str:
+        """A static picture of the gauge as it is now (``kvlab.widgets.svg``)."""
+        names = ("title", "device", "segments", "total_label", "kv_label", "kv_share", "summary")
+        return gauge_svg({name: getattr(self, name) for name in names})
+
+    def _repr_mimebundle_(self, **kwargs):
+        # The live view for JupyterLab, an SVG for GitHub, nbviewer and HTML exports.
+        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), self.to_svg())
 
     def __repr__(self) -> str:
         return f"MemoryGauge({self.to_text()})"

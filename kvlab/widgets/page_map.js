@@ -1,7 +1,8 @@
 // Page map front end: draws one cell per KV block on a single <canvas>.
 // The model holds parallel lists indexed by block_id (see page_map.py): owner (first
 // holder's seq_id, null when free), ref_cnt, logical_index, num_filled, cached (0/1),
-// plus shared_seq_ids {block_id: holders} and colors {seq_id: css color}.
+// plus shared_seq_ids {block_id: holders}, colors {seq_id: css color} and legend
+// [[key, label]]: exactly the states drawn now, worked out in Python (legend_entries).
 
 const FREE = "#d4d4d4";
 const CACHED = "#cfe9dc";
@@ -13,10 +14,9 @@ const MAX_CELL = 28;
 const MAX_HEIGHT = 420;
 const FALLBACK_WIDTH = 640; // before the output area has a width
 const MAX_WIDTH = 960;
-const MAX_LEGEND_SEQS = 16;
 const SYNCED = [
   "title", "block_size", "num_blocks", "owner", "ref_cnt", "logical_index",
-  "num_filled", "cached", "shared_seq_ids", "colors", "summary",
+  "num_filled", "cached", "shared_seq_ids", "colors", "legend", "summary",
 ];
 
 // Biggest cell whose grid fits MAX_HEIGHT at this width.
@@ -79,16 +79,22 @@ function drawCell(ctx, s, i, x, y, size) {
     if (s.cached[i] && size >= 6) hatch(ctx, x, y, size);
     return;
   }
-  ctx.fillStyle = s.colors[String(seq)] || UNKNOWN_SEQ;
+  // A shared block shows every holder: one vertical stripe each.
+  const holders = s.shared_seq_ids[String(i)] || [seq];
+  const stripe = size / holders.length;
   const frac = fillFraction(s, i);
-  if (frac < 1) {
-    // Reserved but not (fully) written: a pale cell, solid up to the fill level.
-    ctx.globalAlpha = 0.3;
-    ctx.fillRect(x, y, size, size);
-    ctx.globalAlpha = 1;
-  }
   const filled = Math.round(size * frac);
-  ctx.fillRect(x, y + size - filled, size, filled);
+  holders.forEach((holder, k) => {
+    ctx.fillStyle = s.colors[String(holder)] || UNKNOWN_SEQ;
+    const sx = x + k * stripe;
+    if (frac < 1) {
+      // Reserved but not (fully) written: a pale cell, solid up to the fill level.
+      ctx.globalAlpha = 0.3;
+      ctx.fillRect(sx, y, stripe, size);
+      ctx.globalAlpha = 1;
+    }
+    ctx.fillRect(sx, y + size - filled, stripe, filled);
+  });
   if (s.cached[i] && size >= 10) {
     // A held block that already has a block_hash: a small white corner.
     ctx.fillStyle = "#ffffff";
@@ -135,7 +141,7 @@ function tooltipText(s, i) {
   lines.push(`${holders.length > 1 ? "seq_ids" : "seq_id"} ${holders.join(", ")}`);
   lines.push(`logical block ${s.logical_index[i]}${holders.length > 1 ? ` (in seq ${seq})` : ""}`);
   lines.push(`ref_cnt ${s.ref_cnt[i]}`);
-  lines.push(`tokens ${s.num_filled[i]} / ${s.block_size ?? "?"}`);
+  lines.push(`tokens ${s.num_filled[i]}${s.block_size ? ` / ${s.block_size}` : ""}`);
   if (s.cached[i]) lines.push("block_hash set (prefix-cacheable)");
   return lines.join("\n");
 }
@@ -150,25 +156,28 @@ function swatch(label, style) {
   return item;
 }
 
+const SWATCHES = {
+  free: { background: FREE },
+  cached: {
+    background: `repeating-linear-gradient(135deg, ${CACHED} 0 2px, ${CACHED_HATCH} 2px 3px)`,
+  },
+  reserved: { background: "linear-gradient(to top, #888 33%, rgba(136, 136, 136, 0.3) 33%)" },
+  shared: { background: "#ffffff", outline: `2px solid ${SHARED_OUTLINE}`, outlineOffset: "-2px" },
+  hashed: { background: "linear-gradient(225deg, #ffffff 28%, #888 28%)" },
+};
+
 function drawLegend(legend, s) {
-  const items = [
-    swatch("free", { background: FREE }),
-    swatch("cached (free, has block_hash)", {
-      background: `repeating-linear-gradient(135deg, ${CACHED} 0 2px, ${CACHED_HATCH} 2px 3px)`,
-    }),
-    swatch("shared (ref_cnt > 1)", { background: "#ffffff", outline: `2px solid ${SHARED_OUTLINE}`, outlineOffset: "-2px" }),
-    swatch("partly filled", { background: "linear-gradient(to top, #777 40%, #ddd 40%)" }),
-  ];
-  const seqs = Object.keys(s.colors).map(Number).sort((a, b) => a - b);
-  for (const seq of seqs.slice(0, MAX_LEGEND_SEQS)) {
-    items.push(swatch(`seq ${seq}`, { background: s.colors[String(seq)] }));
-  }
-  if (seqs.length > MAX_LEGEND_SEQS) {
-    const more = document.createElement("span");
-    more.className = "kvlab-legend-item";
-    more.textContent = `+${seqs.length - MAX_LEGEND_SEQS} more seqs`;
-    items.push(more);
-  }
+  const items = s.legend.map(([key, label]) => {
+    if (key === "more") {
+      const more = document.createElement("span");
+      more.className = "kvlab-legend-item";
+      more.textContent = label;
+      return more;
+    }
+    const seq = key.startsWith("seq ") ? key.slice(4) : null;
+    const style = seq !== null ? { background: s.colors[seq] || UNKNOWN_SEQ } : SWATCHES[key];
+    return swatch(label, style);
+  });
   legend.replaceChildren(...items);
 }
 
@@ -192,8 +201,11 @@ function render({ model, el }) {
   tooltip.className = "kvlab-page-map-tooltip";
   tooltip.dataset.testid = "kvlab-page-map-tooltip";
   tooltip.hidden = true;
-  root.append(title, canvas, summary, legend, tooltip);
+  root.append(title, canvas, summary, legend);
   el.append(root);
+  // NOTE: the tooltip lives in <body> with position: fixed, because output areas clip
+  // their children (overflow: hidden) and would cut it after a few lines on small maps.
+  document.body.append(tooltip);
 
   let state = readState(model);
   let grid = { cell: MAX_CELL, cols: 1 };
@@ -223,12 +235,16 @@ function render({ model, el }) {
       tooltip.hidden = true;
       return;
     }
-    const rootRect = root.getBoundingClientRect();
     tooltip.textContent = tooltipText(state, i);
     tooltip.dataset.blockId = String(i);
-    tooltip.style.left = `${event.clientX - rootRect.left + 14}px`;
-    tooltip.style.top = `${event.clientY - rootRect.top + 14}px`;
     tooltip.hidden = false;
+    // Keep it inside the window: flip to the pointer's other side near an edge.
+    const left = event.clientX + 14 + tooltip.offsetWidth > window.innerWidth
+      ? event.clientX - 14 - tooltip.offsetWidth : event.clientX + 14;
+    const top = event.clientY + 14 + tooltip.offsetHeight > window.innerHeight
+      ? event.clientY - 14 - tooltip.offsetHeight : event.clientY + 14;
+    tooltip.style.left = `${Math.max(0, left)}px`;
+    tooltip.style.top = `${Math.max(0, top)}px`;
   }
   function onLeave() {
     tooltip.hidden = true;
@@ -250,6 +266,7 @@ function render({ model, el }) {
   return () => {
     for (const key of SYNCED) model.off(`change:${key}`, schedule);
     resize.disconnect();
+    tooltip.remove();
     if (frame !== null) cancelAnimationFrame(frame);
   };
 }

@@ -5,17 +5,21 @@ reserved-but-empty cells, a paged pool fills blocks one by one, shared prefix bl
 ``ref_cnt`` above one, and freed blocks that still hold a ``block_hash`` wait for a
 prefix-cache hit.
 
-    cell = one block   color = its first holder's seq_id   grey = free
-    light, hatched = free but cached   dark outline + number = shared (ref_cnt > 1)
+    cell = one block   colour = its holder's seq_id (a shared block: one stripe per holder)
+    grey = free   light, hatched = free but cached   dark outline + number = ref_cnt > 1
     pale with a solid bottom part = partly filled (num_filled / block_size)
+    white corner = a held block with a block_hash
 
 The widget draws on a single ``<canvas>`` (one widget model, whatever the pool size) and
 takes any object with ``block_infos() -> list[BlockInfo]``, or the list itself. Python sends
 the blocks as parallel lists of ints, indexed by ``block_id``, so 4,096 blocks stay a few
 dozen KB; ``update`` only reassigns the lists, and the browser redraws on change.
 
-Not handled: per-layer or per-head views, animation between steps, a static (no-JavaScript)
-rendering; ``to_text()`` gives the counts as text instead.
+Wherever no kernel runs the widget (GitHub, nbviewer, an HTML export), its output shows an
+SVG of the same state instead (``to_svg``, drawn by ``kvlab.widgets.svg``) and its text
+(``to_text``). ``kvlab.widgets.step_view.StepView`` steps one map through a recorded run.
+
+Not handled: per-layer or per-head views, animation between steps.
 """
 
 from __future__ import annotations
@@ -29,21 +33,54 @@ import anywidget
 import traitlets as t
 
 from kvlab.cache.base import BlockInfo
+from kvlab.widgets.svg import page_map_svg, with_static_copy
 
 _HERE = Path(__file__).parent
+_SVG_STATE = (
+    "title",
+    "block_size",
+    "owner",
+    "ref_cnt",
+    "num_filled",
+    "cached",
+    "shared_seq_ids",
+    "colors",
+    "legend",
+    "summary",
+)
+MAX_LEGEND_SEQS = 16
+_LEGEND_LABELS = {
+    "free": "free",
+    "cached": "free, cached (keeps its block_hash)",
+    "reserved": "pale: reserved, not yet written",
+    "shared": "outlined: shared (the number is ref_cnt)",
+    "hashed": "white corner: has a block_hash",
+}
 _FIELDS = ("block_id", "ref_cnt", "seq_ids", "logical_index", "num_filled", "cached")
 
 
-def seq_color(seq_id: int) -> str:
-    """A color for ``seq_id`` that never changes between steps or widgets.
+# Okabe and Ito's palette, which readers with any common colour-vision deficiency can tell
+# apart (black is left for the shared-block outline). After seven ids the same hues come
+# back darker, then lighter, then darker still.
+_PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442")
+_SHADES = (1.0, 0.62, 1.45, 0.4, 1.8)
 
-    Consecutive ids step the hue by the golden angle, so neighbours look different; the
-    lightness cycles through three levels so that ids whose hues come close (seq 1 and
-    seq 14) still differ. Saturated colors stay apart from the greys of free blocks.
+
+def seq_color(seq_id: int) -> str:
+    """A colour for ``seq_id`` that never changes between steps or widgets.
+
+    Ids 0-6 take the seven colours of a colour-blind-safe palette in an order where
+    neighbours differ in both hue and lightness; later ids repeat the hues in other shades,
+    so that 35 ids get 35 different colours.
     """
-    hue = (seq_id * 137.508) % 360
-    lightness = (47, 34, 60)[seq_id % 3]
-    return f"hsl({hue:.0f}, 65%, {lightness}%)"
+    base = _PALETTE[seq_id % len(_PALETTE)]
+    shade = _SHADES[(seq_id // len(_PALETTE)) % len(_SHADES)]
+    rgb = [int(base[i : i + 2], 16) for i in (1, 3, 5)]
+    if shade <= 1:
+        rgb = [round(c * shade) for c in rgb]
+    else:  # towards white
+        rgb = [round(c + (255 - c) * (shade - 1) / 1.2) for c in rgb]
+    return "#" + "".join(f"{c:02x}" for c in rgb)
 
 
 @dataclass(frozen=True)
@@ -71,8 +108,10 @@ class BlockCounts:
     block_size: int | None
 
     def __str__(self) -> str:
+        # A contiguous arena's cells (no block_size) hold two ranges where they meet.
+        shared = "shared" if self.block_size else "split between two ranges"
         text = (
-            f"{self.num_blocks} blocks: {self.used} used ({self.shared} shared), "
+            f"{self.num_blocks} blocks: {self.used} used ({self.shared} {shared}), "
             f"{self.cached} cached, {self.free} free; {self.num_seqs} seqs"
         )
         if self.block_size and self.used:
@@ -104,7 +143,8 @@ def encode_blocks(infos: Sequence[BlockInfo], block_size: int | None = None) -> 
     Returns:
         A dict of lists indexed by block_id (``owner``, ``ref_cnt``, ``logical_index``,
         ``num_filled``, ``cached``), ``shared_seq_ids`` ({block_id: all holders} for blocks
-        with more than one holder), ``colors`` ({seq_id: color}) and ``counts``.
+        with more than one holder), ``colors`` ({seq_id: color}), ``legend``
+        (``legend_entries``) and ``counts``.
 
     Raises:
         TypeError: an element lacks a BlockInfo attribute.
@@ -136,8 +176,36 @@ def encode_blocks(infos: Sequence[BlockInfo], block_size: int | None = None) -> 
         "cached": [int(bool(b.cached)) for b in blocks],
         "shared_seq_ids": {str(i): list(h) for i, h in enumerate(holders) if len(h) > 1},
         "colors": {str(s): seq_color(s) for s in seqs},
+        "legend": legend_entries(blocks, seqs, block_size),
         "counts": counts,
     }
+
+
+def legend_entries(blocks: Sequence, seqs: list[int], block_size: int | None) -> list[list[str]]:
+    """``[key, label]`` for exactly the states the map draws, sequences last.
+
+    Keys: ``free``, ``cached`` (free with a block_hash), ``reserved`` (held, not full),
+    ``shared`` (ref_cnt > 1), ``hashed`` (held, with a block_hash), ``seq <id>``, ``more``.
+    """
+    held = [b for b in blocks if b.ref_cnt > 0]
+    free = [b for b in blocks if b.ref_cnt == 0]
+    full = block_size or 1
+    present = {
+        "free": any(not b.cached for b in free),
+        "cached": any(b.cached for b in free),
+        "reserved": any(b.num_filled < full for b in held),
+        "shared": any(b.ref_cnt > 1 for b in held),
+        "hashed": any(b.cached for b in held),
+    }
+    labels = dict(_LEGEND_LABELS)
+    if block_size is None:
+        # A contiguous arena's cells: two ranges meeting in a cell is not sharing.
+        labels["shared"] = "outlined: a cell where two requests' ranges meet"
+    entries = [[key, labels[key]] for key, shown in present.items() if shown]
+    entries += [[f"seq {s}", f"seq {s}"] for s in seqs[:MAX_LEGEND_SEQS]]
+    if len(seqs) > MAX_LEGEND_SEQS:
+        entries.append(["more", f"+{len(seqs) - MAX_LEGEND_SEQS} more seqs"])
+    return entries
 
 
 def _block_id_of(block) -> int:
@@ -199,6 +267,7 @@ class PageMap(anywidget.AnyWidget):
     cached = t.List().tag(sync=True)
     shared_seq_ids = t.Dict().tag(sync=True)
     colors = t.Dict().tag(sync=True)
+    legend = t.List().tag(sync=True)
     summary = t.Unicode("0 blocks").tag(sync=True)
 
     def __init__(self, cache=None, title: str = "", block_size: int | None = None, **kwargs):
@@ -233,6 +302,14 @@ class PageMap(anywidget.AnyWidget):
     def to_text(self) -> str:
         """The title and the block counts: deterministic text for notebooks and tests."""
         return f"{self.title}: {self.summary}" if self.title else self.summary
+
+    def to_svg(self) -> str:
+        """A static picture of the map as it is now (``kvlab.widgets.svg``)."""
+        return page_map_svg({name: getattr(self, name) for name in _SVG_STATE})
+
+    def _repr_mimebundle_(self, **kwargs):
+        # The live view for JupyterLab, an SVG for GitHub, nbviewer and HTML exports.
+        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), self.to_svg())
 
     def __repr__(self) -> str:
         return f"PageMap({self.to_text()})"

@@ -1,0 +1,136 @@
+"""A recorded run of a KV pool, stepped through after the fact: a slider, a page map, a gauge.
+
+A live page map flashes through a run in seconds and then shows the empty pool at the end.
+Recording a snapshot of the pool after every step lets a learner go back to any step (the
+one where a request was refused, the fullest one), and lets the notebook rest on a step
+that means something, which is also what its static picture (the SVG) shows.
+
+    snapshots = []
+    ... on every step: snapshots.append(PoolSnapshot.of(cache, step))
+    StepView(snapshots, title="paged", weight_bytes=w)     # rests on the fullest step
+
+Not handled: recording itself (``kvlab.labs.Recording`` does it for ``serve``; the batching
+panel records its own replays), diffs between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+
+from kvlab.cache.base import CacheUsage
+from kvlab.widgets.memory_gauge import MemoryGauge
+from kvlab.widgets.page_map import PageMap
+from kvlab.widgets.svg import stack_svgs, with_static_copy
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """The KV pool after one step, in the form the page map and the gauge read.
+
+    Attributes:
+        infos: ``BlockInfo`` of every block.
+        cache_usage: the pool's bytes.
+        block_size: tokens per block (None for a contiguous arena).
+        step: the step it was taken after.
+        time: the clock's time then, if there is a clock.
+    """
+
+    infos: tuple
+    cache_usage: CacheUsage
+    block_size: int | None
+    step: int
+    time: float | None = None
+
+    @classmethod
+    def of(cls, cache, step: int, time: float | None = None) -> PoolSnapshot:
+        """A snapshot of ``cache`` (anything with ``block_infos()`` and ``usage()``) now."""
+        block_size = getattr(cache, "block_size", None)
+        return cls(tuple(cache.block_infos()), cache.usage(), block_size, step, time)
+
+    def block_infos(self) -> list:
+        return list(self.infos)
+
+    def usage(self) -> CacheUsage:
+        return self.cache_usage
+
+
+def fullest_step(snapshots: list[PoolSnapshot]) -> int:
+    """The index of the snapshot with the most KV bytes holding tokens (the first of ties)."""
+    used = [s.cache_usage.used_bytes for s in snapshots]
+    return used.index(max(used))
+
+
+class StepView(widgets.VBox):
+    """A step slider (with a play button) over recorded snapshots, a page map and a gauge.
+
+    Args:
+        snapshots: one ``PoolSnapshot`` per step, in order; at least one.
+        title: shown in the map's title, with the step.
+        weight_bytes: the model's parameter bytes, for the gauge.
+        step: the index to rest on; default the fullest step.
+
+    Attributes:
+        page_map, gauge, slider, play: the parts.
+    """
+
+    def __init__(
+        self,
+        snapshots: list[PoolSnapshot],
+        title: str = "",
+        weight_bytes: int = 0,
+        step: int | None = None,
+    ) -> None:
+        if not snapshots:
+            raise ValueError("StepView needs at least one snapshot, got none")
+        self.snapshots = list(snapshots)
+        self.base_title = title
+        last = len(self.snapshots) - 1
+        rest = fullest_step(self.snapshots) if step is None else step
+        if isinstance(rest, bool) or not isinstance(rest, int) or not 0 <= rest <= last:
+            raise ValueError(f"step={step!r} is not allowed: use an index 0..{last} or None")
+        self.page_map = PageMap(title=title)
+        self.gauge = MemoryGauge(weight_bytes=weight_bytes, title=title)
+        self.slider = widgets.IntSlider(
+            value=rest,
+            min=0,
+            max=last,
+            description="step",
+            continuous_update=True,
+            layout=widgets.Layout(width="440px"),
+        )
+        self.slider.add_class("kvlab-slider-step")
+        self.play = widgets.Play(value=rest, min=0, max=last, interval=300, description="play")
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.slider.observe(lambda change: self.show(change["new"]), names="value")
+        super().__init__([widgets.HBox([self.play, self.slider]), self.page_map, self.gauge])
+        self.add_class("kvlab-step-view")
+        self.show(rest)
+
+    def show(self, index: int) -> None:
+        """Draw snapshot ``index`` (the slider calls this)."""
+        snapshot = self.snapshots[index]
+        when = f", t = {snapshot.time:.3f} s" if snapshot.time is not None else ""
+        rest = " (fullest)" if index == fullest_step(self.snapshots) else ""
+        prefix = f"{self.base_title}: " if self.base_title else ""
+        self.page_map.title = f"{prefix}after step {snapshot.step}{when}{rest}"
+        self.page_map.update(snapshot)
+        self.gauge.update(snapshot)
+        if self.slider.value != index:
+            self.slider.value = index
+
+    def to_text(self) -> str:
+        """The step shown, the map's and the gauge's numbers."""
+        return f"{self.page_map.to_text()}\n{self.gauge.summary}"
+
+    def to_svg(self) -> str:
+        """The map and the gauge at the step shown, as one static picture."""
+        return stack_svgs([self.page_map.to_svg(), self.gauge.to_svg()])
+
+    def _repr_mimebundle_(self, **kwargs):
+        # The live view for JupyterLab, an SVG for GitHub, nbviewer and HTML exports.
+        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), self.to_svg())
+
+    def __repr__(self) -> str:
+        return f"StepView({self.to_text()})"

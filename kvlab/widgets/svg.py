@@ -1,0 +1,270 @@
+"""Static pictures of the page map and the memory gauge, drawn as SVG in Python.
+
+A widget view is an empty box wherever no kernel runs it: on GitHub, on nbviewer, in
+``jupyter nbconvert --to html``. So each widget also puts an SVG of the state it shows into
+its output (``_repr_mimebundle_``); JupyterLab prefers the live view, static renderers show
+the SVG. The drawing follows the widgets' JavaScript (page_map.js, memory_gauge.js) closely
+enough that the two read the same, and it is deterministic: the same state gives the same
+text, so nbval can compare it.
+
+    page_map_svg(state)    the grid of blocks, its legend (only the states drawn), the counts
+    gauge_svg(state)       the KV pool bar to scale, the whole memory bar under it, the counts
+
+Not handled: tooltips (a static picture has no pointer), fonts other than the browser's
+sans-serif; text widths are estimated, so very long titles may run past the edge.
+"""
+
+from __future__ import annotations
+
+import re
+from html import escape
+
+WIDTH = 640
+FONT = 'font-family="sans-serif" font-size="12"'
+FREE = "#d4d4d4"
+CACHED = "#cfe9dc"
+CACHED_HATCH = "#5f9e80"
+SHARED_OUTLINE = "#111111"
+UNKNOWN_SEQ = "#888888"
+_MAX_CELL, _MIN_CELL, _MAX_HEIGHT = 28, 4, 420  # as in page_map.js
+_CHAR_PX = 6.2  # the width of one 12 px sans-serif character, on average
+
+
+def grid_layout(num_blocks: int, width: int = WIDTH) -> tuple[int, int]:
+    """(cell size in px, columns): the biggest cells whose grid fits 420 px at ``width``."""
+    for cell in range(_MAX_CELL, _MIN_CELL, -1):
+        cols = max(1, width // cell)
+        if -(-num_blocks // cols) * cell <= _MAX_HEIGHT:
+            return cell, cols
+    return _MIN_CELL, max(1, width // _MIN_CELL)
+
+
+def _text(x: float, y: float, text: str, extra: str = "") -> str:
+    return f'<text x="{x:g}" y="{y:g}" {FONT}{extra}>{escape(text)}</text>'
+
+
+def _wrapped(x: float, y: float, text: str, width: int) -> tuple[list[str], float]:
+    """``text`` in as many lines as ``width`` needs; returns the parts and the next free y."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and _CHAR_PX * len(line + " " + word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    return [_text(x, y + 16 * k, part) for k, part in enumerate(lines)], y + 16 * len(lines)
+
+
+def _svg(width: int, height: int, body: list[str], label: str) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}">'
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>' + "".join(body) + "</svg>"
+    )
+
+
+def _legend(items: list[tuple], y: float, width: int) -> tuple[list[str], float]:
+    """``(swatch, label)`` pairs wrapped into rows, where ``swatch(x, y)`` draws a 12 px
+    square (or is None); returns the SVG parts and the next free y."""
+    parts, x = [], 0.0
+    for swatch, label in items:
+        item_width = (17 if swatch else 0) + _CHAR_PX * len(label) + 14
+        if x > 0 and x + item_width > width:
+            x, y = 0.0, y + 18
+        if swatch:
+            parts.append(swatch(x, y - 10))
+            x += 17
+        parts.append(_text(x, y, label))
+        x += item_width - (17 if swatch else 0)
+    return parts, y + 20
+
+
+def _box(fill: str, extra: str = ""):
+    """A legend swatch: a 12 px rounded square of ``fill``."""
+    return lambda x, y: (
+        f'<rect x="{x:g}" y="{y:g}" width="12" height="12" rx="2" fill="{fill}"{extra}/>'
+    )
+
+
+def _reserved_box(x: float, y: float) -> str:
+    return _box("#888888", ' fill-opacity="0.3"')(x, y) + (
+        f'<rect x="{x:g}" y="{y + 8:g}" width="12" height="4" fill="#888888"/>'
+    )
+
+
+def _hash_corner_box(x: float, y: float) -> str:
+    return _box("#888888")(x, y) + f'<path d="M{x + 12:g} {y:g}h-5l5 5z" fill="#ffffff"/>'
+
+
+# ---- page map --------------------------------------------------------------------------
+
+
+def _cell(state: dict, i: int, x: int, y: int, size: int) -> list[str]:
+    owner = state["owner"][i]
+    cached = state["cached"][i]
+    if owner is None:
+        fill = "url(#kvlab-hatch)" if cached and size >= 6 else (CACHED if cached else FREE)
+        return [f'<rect x="{x}" y="{y}" width="{size}" height="{size}" fill="{fill}"/>']
+    holders = state["shared_seq_ids"].get(str(i), [owner])
+    colors = [state["colors"].get(str(s), UNKNOWN_SEQ) for s in holders]
+    block_size = state["block_size"]
+    filled = state["num_filled"][i]
+    frac = min(1.0, filled / block_size) if block_size else (1.0 if filled else 0.0)
+    parts = []
+    # A shared block shows every holder: one vertical stripe each.
+    stripe = size / len(colors)
+    for k, color in enumerate(colors):
+        sx = x + k * stripe
+        if frac < 1:
+            parts.append(
+                f'<rect x="{sx:g}" y="{y}" width="{stripe:g}" height="{size}" fill="{color}" '
+                'fill-opacity="0.3"/>'
+            )
+        height = round(size * frac)
+        if height:
+            parts.append(
+                f'<rect x="{sx:g}" y="{y + size - height}" width="{stripe:g}" height="{height}" '
+                f'fill="{color}"/>'
+            )
+    if cached and size >= 10:
+        third = size / 3
+        parts.append(f'<path d="M{x + size} {y}h{-third:g}l{third:g} {third:g}z" fill="#ffffff"/>')
+    if state["ref_cnt"][i] > 1:
+        lw = 2 if size >= 10 else 1
+        parts.append(
+            f'<rect x="{x + lw / 2:g}" y="{y + lw / 2:g}" width="{size - lw}" '
+            f'height="{size - lw}" fill="none" stroke="{SHARED_OUTLINE}" stroke-width="{lw}"/>'
+        )
+        if size >= 14:
+            parts.append(
+                f'<text x="{x + size / 2:g}" y="{y + size / 2 + 4:g}" font-family="sans-serif" '
+                f'font-size="{size * 0.55:.0f}" font-weight="bold" text-anchor="middle" '
+                f'stroke="#ffffff" stroke-width="3" paint-order="stroke">'
+                f"{state['ref_cnt'][i]}</text>"
+            )
+    return parts
+
+
+def _legend_swatch(key: str, colors: dict):
+    """The swatch of one legend entry of ``PageMap.legend``."""
+    if key.startswith("seq "):
+        return _box(colors.get(key.removeprefix("seq "), UNKNOWN_SEQ))
+    return {
+        "free": _box(FREE),
+        "cached": _box("url(#kvlab-hatch)"),
+        "reserved": _reserved_box,
+        "shared": _box("#ffffff", f' stroke="{SHARED_OUTLINE}" stroke-width="2"'),
+        "hashed": _hash_corner_box,
+        "more": None,
+    }[key]
+
+
+def page_map_svg(state: dict, width: int = WIDTH) -> str:
+    """An SVG of the page map: title, one cell per block, a legend, the counts.
+
+    Args:
+        state: the widget's synced lists (``PageMap.state_for_svg()``): ``title``,
+            ``block_size``, ``owner``, ``ref_cnt``, ``num_filled``, ``cached``,
+            ``shared_seq_ids``, ``colors``, ``legend``, ``summary``.
+        width: pixels; the cells shrink to keep the grid at most 420 px tall.
+    """
+    n = len(state["owner"])
+    cell, cols = grid_layout(n, width)
+    size = cell - 1 if cell >= 8 else cell
+    body = [
+        '<defs><pattern id="kvlab-hatch" width="4" height="4" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)">'
+        f'<rect width="4" height="4" fill="{CACHED}"/>'
+        f'<line x1="0" y1="0" x2="0" y2="4" stroke="{CACHED_HATCH}" stroke-width="1.5"/>'
+        "</pattern></defs>"
+    ]
+    y = 4
+    if state["title"]:
+        body.append(_text(0, 16, state["title"], ' font-weight="bold"'))
+        y = 24
+    for i in range(n):
+        body += _cell(state, i, (i % cols) * cell, y + (i // cols) * cell, size)
+    y += max(1, -(-n // cols)) * cell + 18
+    entries = [(_legend_swatch(key, state["colors"]), label) for key, label in state["legend"]]
+    legend, y = _legend(entries, y, width)
+    body += legend
+    summary, y = _wrapped(0, y, state["summary"], width)
+    body += summary
+    return _svg(width, round(y - 4), body, state["title"] or "page map")
+
+
+# ---- memory gauge ----------------------------------------------------------------------
+
+
+def _bar(segments: list[dict], x: float, y: float, width: float, height: int) -> list[str]:
+    """Stretches to scale, each non-empty one at least 2 px wide (as in memory_gauge.js)."""
+    total = sum(s["num_bytes"] for s in segments)
+    parts = [f'<rect x="{x}" y="{y}" width="{width}" height="{height}" fill="#eeeeee"/>']
+    for s in segments:
+        if not s["num_bytes"]:
+            continue
+        w = max(2.0, width * s["num_bytes"] / total)
+        parts.append(
+            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{height}" fill="{s["color"]}"/>'
+        )
+        x += w
+    return parts
+
+
+def gauge_svg(state: dict, width: int = WIDTH) -> str:
+    """An SVG of the memory gauge: the KV pool on its own scale, then all memory.
+
+    Args:
+        state: ``MemoryGauge.state_for_svg()``: ``title``, ``segments`` (dicts with
+            ``name``, ``num_bytes``, ``label``, ``color``, ``share``, ``kv``), ``kv_label``,
+            ``kv_share`` (the pool's share of all memory), ``total_label``, ``device``,
+            ``summary``.
+    """
+    kv = [s for s in state["segments"] if s["kv"]]
+    body = [
+        _text(
+            0,
+            16,
+            f"{state['title'] + ': ' if state['title'] else ''}{state['kv_label']} KV pool",
+            ' font-weight="bold"',
+        )
+    ]
+    body += _bar(kv, 0, 24, width, 22)
+    legend, y = _legend(
+        [(_box(s["color"]), f"{s['name']} {s['label']} ({s['share']:.1%})") for s in kv],
+        62,
+        width,
+    )
+    body += legend
+    body.append(_text(0, y, f"all memory, {state['total_label']} ({state['device']}):"))
+    body += _bar(state["segments"], 0, y + 6, width, 10)
+    others = [s for s in state["segments"] if not s["kv"]]
+    legend, y = _legend(
+        [(_box(s["color"]), f"{s['name']} {s['label']} ({s['share']:.1%})") for s in others]
+        + [(None, f"and the KV pool ({state['kv_share']:.1%}), split as above")],
+        y + 34,
+        width,
+    )
+    body += legend
+    summary, y = _wrapped(0, y, state["summary"], width)
+    body += summary
+    return _svg(width, round(y - 4), body, state["title"] or "memory gauge")
+
+
+def stack_svgs(svgs: list[str]) -> str:
+    """One SVG of ``svgs`` (as made here) one under the other, 8 px apart."""
+    height, parts = 0, []
+    for svg in svgs:
+        w, h = (int(v) for v in re.search(r'width="(\d+)" height="(\d+)"', svg).groups())
+        parts.append(svg.replace("<svg ", f'<svg x="0" y="{height}" ', 1))
+        height += h + 8
+    width = max(int(re.search(r'width="(\d+)"', s).group(1)) for s in svgs)
+    return _svg(width, max(0, height - 8), parts, "KV pool")
+
+
+def with_static_copy(bundle, text: str, svg: str):
+    """A widget's mime bundle (a dict, or anywidget's ``(data, metadata)``) with ``text`` as
+    its plain text and ``svg`` beside the live view, for front ends that cannot run it."""
+    data, metadata = bundle if isinstance(bundle, tuple) else (bundle, {})
+    return {**data, "text/plain": text, "image/svg+xml": svg}, metadata
