@@ -23,6 +23,7 @@ from kvlab.measure.replay import (
     replay,
 )
 from kvlab.sim.trace import make_trace
+from kvlab.widgets.batching_figures import timeline_figure
 
 STEP = 0.025
 
@@ -126,6 +127,20 @@ def test_swapped_time_shows_in_the_timeline(tiny_model):
     result = replay(tiny_llm(tiny_model, num_blocks=16, preemption_mode="swap"), requests)
     assert result.metrics.num_swap_outs > 0
     assert any(s.state == "swapped" for s in result.timeline())
+
+
+def test_every_state_in_a_stacked_timeline_has_one_legend_entry(tiny_model):
+    # Lab 04 stacks recompute over swap: "swapped" appears only in the second row.
+    requests = small_requests(num_requests=10, rate=40.0, max_output_len=24)
+    runs = {
+        "recompute": replay(tiny_llm(tiny_model, num_blocks=16), requests),
+        "swap": replay(tiny_llm(tiny_model, num_blocks=16, preemption_mode="swap"), requests),
+    }
+    fig = timeline_figure(runs)
+    drawn = {t.name for t in fig.data}
+    assert "swapped" in drawn
+    listed = [t.name for t in fig.data if t.showlegend is not False]
+    assert sorted(listed) == sorted(drawn)  # each drawn state once, none missing
 
 
 def test_static_batches_admit_only_when_the_last_batch_is_done(tiny_model):

@@ -18,6 +18,7 @@ from test_widgets import FakeCache, free_block, held_block, small_pool
 
 from kvlab.cache.base import CacheUsage
 from kvlab.widgets import MemoryGauge, PageMap, PoolSnapshot, StepView
+from kvlab.widgets.block_table_diagram import BlockTableDiagram
 from kvlab.widgets.static_figures import RENDERER, enable_static_figures, figure_png
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -148,3 +149,53 @@ def test_figures_carry_a_png_of_their_size():
         pio.renderers.default = default
     assert "application/vnd.plotly.v1+json" in bundle
     assert base64.b64decode(bundle["image/png"])[:8] == png[:8]
+
+
+# ---- block-table diagram -------------------------------------------------------------
+
+
+def _paged_cache(num_blocks: int):
+    from kvlab.cache.paged import PagedKVCache
+
+    return PagedKVCache(1, 1, 2, num_blocks, block_size=4, device="cpu")
+
+
+def test_block_table_diagram_draws_every_entry_of_the_caches_tables():
+    cache = _paged_cache(8)
+    cache.allocate_slots(0, 9)  # 3 blocks, the last with 1 token
+    cache.allocate_slots(1, 4)
+    cache.allocate_slots(0, 4)  # a 4th block, not next to its 3rd
+    diagram = BlockTableDiagram.of(cache, [0, 1], title="two")
+    assert diagram.tables == {0: cache.block_table(0), 1: cache.block_table(1)}
+    root = parse(diagram.svg())
+    lines = list(root.iter(f"{SVG}line"))
+    drawn = [ln for ln in lines if ln.get("stroke") != "#ffffff"]  # not the slot ticks
+    assert len(drawn) == len(cache.block_table(0)) + len(cache.block_table(1))
+    # Each line ends above its physical block: block b's centre is at 120 + 32 b + 14.5.
+    ends = sorted(float(ln.get("x2")) for ln in drawn)
+    blocks = sorted(cache.block_table(0) + cache.block_table(1))
+    assert ends == [120 + 32 * b + 14.5 for b in blocks]
+    text = repr(diagram)
+    assert f"seq 0 (13 tokens): logical->physical 0->{cache.block_table(0)[0]} (4/4)" in text
+    assert "(1/4)" in text  # the 4th block of seq 0 holds 1 token
+    assert "not drawn" not in " ".join(texts(root))
+
+
+def test_block_table_diagram_shows_shared_blocks_and_what_it_leaves_out():
+    cache = _paged_cache(40)
+    cache.allocate_slots(0, 6)
+    cache.fork(0, 1)
+    for _ in range(34):  # push seq 0 past the 32 blocks drawn
+        cache.allocate_slots(0, 4)
+    diagram = BlockTableDiagram.of(cache, [0, 1])
+    root = parse(diagram.svg())
+    words = " ".join(texts(root))
+    # Block 0 (full) stays shared; seq 0's first write copied the partly filled block 1.
+    assert "block 0: ref_cnt 2" in words and "block 1: ref_cnt" not in words
+    assert "blocks 32-39 not drawn" in words
+    assert diagram.holders()[0] == [0, 1]
+    assert "shared: block 0 (ref_cnt 2)" in repr(diagram)
+    # Entries that point past the drawn pool get no line.
+    drawn = [ln for ln in root.iter(f"{SVG}line") if ln.get("stroke") != "#ffffff"]
+    entries = sum(b < 32 for t in diagram.tables.values() for b in t)
+    assert len(drawn) == entries < sum(len(t) for t in diagram.tables.values())

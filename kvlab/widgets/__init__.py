@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 
+from kvlab.widgets.block_table_diagram import BlockTableDiagram
 from kvlab.widgets.memory_gauge import MemoryGauge, format_bytes
 from kvlab.widgets.page_map import PageMap, seq_color
 from kvlab.widgets.static_figures import enable_static_figures
@@ -21,6 +22,7 @@ _LAZY = {"BatchingPanel": "kvlab.widgets.batching_panel"}
 
 __all__ = [
     "BatchingPanel",
+    "BlockTableDiagram",
     "MemoryGauge",
     "PageMap",
     "PoolSnapshot",

@@ -31,8 +31,15 @@ def _request_labels(result: ReplayResult) -> list[str]:
     return [f"req {i}" for i in range(len(result.outputs))]
 
 
-def add_timeline(fig: go.Figure, result: ReplayResult, row: int = 1, legend: bool = True) -> None:
-    """Draw who runs when into ``fig``'s ``row``: one bar row per request, colored by state."""
+def add_timeline(
+    fig: go.Figure, result: ReplayResult, row: int = 1, in_legend: set[str] | None = None
+) -> None:
+    """Draw who runs when into ``fig``'s ``row``: one bar row per request, colored by state.
+
+    ``in_legend`` names the states already in the legend (from the rows drawn before): each
+    state gets one legend entry, in the first row where it appears. It is updated here.
+    """
+    in_legend = set() if in_legend is None else in_legend
     labels = _request_labels(result)
     segments = result.timeline()
     for state in STATES:
@@ -48,12 +55,13 @@ def add_timeline(fig: go.Figure, result: ReplayResult, row: int = 1, legend: boo
                 marker_color=STATE_COLORS[state],
                 name=state,
                 legendgroup=state,
-                showlegend=legend,
+                showlegend=state not in in_legend,
                 hovertemplate=f"%{{y}} {state}: %{{base:.3f}} s + %{{x:.3f}} s<extra></extra>",
             ),
             row=row,
             col=1,
         )
+        in_legend.add(state)
     ends = [o.metrics.arrival_time + o.metrics.e2e for o in result.outputs]
     fig.add_trace(
         go.Scatter(
@@ -63,12 +71,13 @@ def add_timeline(fig: go.Figure, result: ReplayResult, row: int = 1, legend: boo
             marker=dict(symbol="line-ns-open", size=10, color="#111111"),
             name="finished",
             legendgroup="finished",
-            showlegend=legend,
+            showlegend="finished" not in in_legend,
             hovertemplate="%{y} finished at %{x:.3f} s<extra></extra>",
         ),
         row=row,
         col=1,
     )
+    in_legend.add("finished")
     fig.update_yaxes(
         categoryorder="array",
         categoryarray=labels,
@@ -90,13 +99,13 @@ def timeline_figure(results: dict[str, ReplayResult], title: str = "") -> go.Fig
         vertical_spacing=0.06,
         subplot_titles=list(results),
     )
+    in_legend: set[str] = set()
     for row, result in enumerate(results.values(), start=1):
-        add_timeline(fig, result, row=row, legend=row == 1)
+        add_timeline(fig, result, row=row, in_legend=in_legend)
     fig.update_layout(
         barmode="overlay",
         title=title or "Who runs when (simulated clock)",
         height=120 + len(results) * (40 + 16 * num_requests),
-        width=860,
         margin=dict(t=70, b=40, l=60, r=20),
         legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"),
     )
@@ -137,7 +146,6 @@ def load_figure(results: dict[str, ReplayResult], title: str = "") -> go.Figure:
     fig.update_layout(
         title=title or "Queue depth and KV usage over time",
         height=520,
-        width=860,
         margin=dict(t=70, b=40, l=60, r=20),
     )
     fig.update_xaxes(title_text="time (s)", row=3, col=1)
@@ -172,7 +180,6 @@ def comparison_figure(results: dict[str, ReplayResult], title: str = "") -> go.F
         barmode="group",
         title=title or "Policies compared on the same trace",
         height=360,
-        width=860,
         margin=dict(t=100, b=40, l=50, r=20),
         legend=dict(orientation="h", y=-0.15),
     )
@@ -210,7 +217,6 @@ def panel_figure(result: ReplayResult, title: str) -> go.Figure:
         barmode="overlay",
         title=title,
         height=300 + 22 * len(result.outputs),
-        width=860,
         margin=dict(t=100, b=40, l=60, r=20),
     )
     fig.update_xaxes(title_text="time (s, simulated)", row=3, col=1)

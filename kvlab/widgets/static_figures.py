@@ -29,7 +29,7 @@ _state: dict = {"server": False, "missing": None}
 
 
 def figure_png(fig, width: int | None = None, height: int | None = None) -> bytes | None:
-    """A PNG of a plotly figure (or its dict) at its layout's size (700 x 500 if unset).
+    """A PNG of a plotly figure (or its dict) at its layout's size (800 x 500 if unset).
 
     Returns None, and remembers why, when kaleido or a browser is missing: a learner's
     laptop without Chrome still runs every lab, with interactive figures only.
@@ -40,7 +40,7 @@ def figure_png(fig, width: int | None = None, height: int | None = None) -> byte
     layout = fig_dict.get("layout", {})
     opts = {
         "format": "png",
-        "width": width or layout.get("width") or 700,
+        "width": width or layout.get("width") or 800,
         "height": height or layout.get("height") or 500,
         "scale": 1,
     }

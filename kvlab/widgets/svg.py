@@ -39,7 +39,7 @@ def grid_layout(num_blocks: int, width: int = WIDTH) -> tuple[int, int]:
     return _MIN_CELL, max(1, width // _MIN_CELL)
 
 
-def _text(x: float, y: float, text: str, extra: str = "") -> str:
+def svg_text(x: float, y: float, text: str, extra: str = "") -> str:
     return f'<text x="{x:g}" y="{y:g}" {FONT}{extra}>{escape(text)}</text>'
 
 
@@ -53,10 +53,10 @@ def _wrapped(x: float, y: float, text: str, width: int) -> tuple[list[str], floa
         else:
             line = f"{line} {word}" if line else word
     lines.append(line)
-    return [_text(x, y + 16 * k, part) for k, part in enumerate(lines)], y + 16 * len(lines)
+    return [svg_text(x, y + 16 * k, part) for k, part in enumerate(lines)], y + 16 * len(lines)
 
 
-def _svg(width: int, height: int, body: list[str], label: str) -> str:
+def svg_document(width: int, height: int, body: list[str], label: str) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}">'
@@ -75,7 +75,7 @@ def _legend(items: list[tuple], y: float, width: int) -> tuple[list[str], float]
         if swatch:
             parts.append(swatch(x, y - 10))
             x += 17
-        parts.append(_text(x, y, label))
+        parts.append(svg_text(x, y, label))
         x += item_width - (17 if swatch else 0)
     return parts, y + 20
 
@@ -181,7 +181,7 @@ def page_map_svg(state: dict, width: int = WIDTH) -> str:
     ]
     y = 4
     if state["title"]:
-        body.append(_text(0, 16, state["title"], ' font-weight="bold"'))
+        body.append(svg_text(0, 16, state["title"], ' font-weight="bold"'))
         y = 24
     for i in range(n):
         body += _cell(state, i, (i % cols) * cell, y + (i // cols) * cell, size)
@@ -191,7 +191,7 @@ def page_map_svg(state: dict, width: int = WIDTH) -> str:
     body += legend
     summary, y = _wrapped(0, y, state["summary"], width)
     body += summary
-    return _svg(width, round(y - 4), body, state["title"] or "page map")
+    return svg_document(width, round(y - 4), body, state["title"] or "page map")
 
 
 # ---- memory gauge ----------------------------------------------------------------------
@@ -223,7 +223,7 @@ def gauge_svg(state: dict, width: int = WIDTH) -> str:
     """
     kv = [s for s in state["segments"] if s["kv"]]
     body = [
-        _text(
+        svg_text(
             0,
             16,
             f"{state['title'] + ': ' if state['title'] else ''}{state['kv_label']} KV pool",
@@ -237,7 +237,7 @@ def gauge_svg(state: dict, width: int = WIDTH) -> str:
         width,
     )
     body += legend
-    body.append(_text(0, y, f"all memory, {state['total_label']} ({state['device']}):"))
+    body.append(svg_text(0, y, f"all memory, {state['total_label']} ({state['device']}):"))
     body += _bar(state["segments"], 0, y + 6, width, 10)
     others = [s for s in state["segments"] if not s["kv"]]
     legend, y = _legend(
@@ -249,7 +249,7 @@ def gauge_svg(state: dict, width: int = WIDTH) -> str:
     body += legend
     summary, y = _wrapped(0, y, state["summary"], width)
     body += summary
-    return _svg(width, round(y - 4), body, state["title"] or "memory gauge")
+    return svg_document(width, round(y - 4), body, state["title"] or "memory gauge")
 
 
 def stack_svgs(svgs: list[str]) -> str:
@@ -260,7 +260,7 @@ def stack_svgs(svgs: list[str]) -> str:
         parts.append(svg.replace("<svg ", f'<svg x="0" y="{height}" ', 1))
         height += h + 8
     width = max(int(re.search(r'width="(\d+)"', s).group(1)) for s in svgs)
-    return _svg(width, max(0, height - 8), parts, "KV pool")
+    return svg_document(width, max(0, height - 8), parts, "KV pool")
 
 
 def with_static_copy(bundle, text: str, svg: str):
