@@ -8,6 +8,7 @@ interfaces and never branches on a cache's class.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import kvlab
@@ -72,3 +73,35 @@ def test_nothing_outside_the_cache_package_asks_a_cache_its_class():
                 if names & CACHE_CLASSES:
                     offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def readme_module_map() -> dict[str, int]:
+    """``path -> line count`` as the README's module map lists them."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    listed, folder = {}, None
+    for line in readme.splitlines():
+        if re.fullmatch(r"(kvlab|kernels)(/\w+)?/", line):
+            folder = line
+        elif folder and (match := re.match(r"  (\S+\.py) +(\d+)  \S", line)):
+            listed[folder + match.group(1)] = int(match.group(2))
+        elif not line.startswith("  "):
+            folder = None
+    return listed
+
+
+def test_the_readmes_module_map_lists_every_module_at_about_its_size():
+    root = PACKAGE.parent
+    modules = {
+        str(p.relative_to(root)): len(p.read_text().splitlines())
+        for folder in (PACKAGE, root / "kernels")
+        for p in folder.rglob("*.py")
+    }
+    listed = readme_module_map()
+    assert sorted(listed) == sorted(modules), "the README's module map and the tree differ"
+    # Counts may lag a little behind edits; a map that is off by more misleads a reader.
+    off = {
+        path: (listed[path], n)
+        for path, n in modules.items()
+        if abs(listed[path] - n) > max(10, n // 10)
+    }
+    assert not off, f"README line counts (listed, actual) to refresh: {off}"

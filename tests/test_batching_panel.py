@@ -64,7 +64,7 @@ def test_the_first_replay_draws_plotly_json_into_output_areas(panel):
         assert figure["data"]  # traces, as plain JSON
     assert isinstance(panel.figure, go.Figure)
     assert panel.page_map.num_blocks == panel.settings.num_blocks
-    assert "peak KV use" in panel.page_map.title
+    assert "(fullest)" in panel.page_map.title  # rests on the fullest step
     assert repr(panel).startswith("BatchingPanel(continuous: 6 requests")
 
 

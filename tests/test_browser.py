@@ -10,10 +10,19 @@ Screenshots land in ``test-artifacts/``.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS, LabServer, missing_browser, run_all_cells, screenshot
+from browser import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    LabServer,
+    missing_browser,
+    run_all_cells,
+    screenshot,
+)
 
 PAGE_MAP = '[data-testid="kvlab-page-map"]'
 GAUGE = '[data-testid="kvlab-memory-gauge"]'
@@ -76,9 +85,9 @@ def test_lab03_page_map_and_gauge_render(lab):
     gauge = page.locator(GAUGE).first
     assert page.locator(GAUGE).count() > 0, "no memory gauge rendered"
     assert int(gauge.get_attribute("data-drawn-segments") or 0) > 0, "the gauge drew nothing"
-    screenshot(page, "lab03_page_map.png", page.locator(PAGE_MAP).first)
     screenshot(page, "lab03_memory_gauge.png", gauge)
     check_tooltip_is_whole(page)
+    screenshot_map_with_tooltip(page)
     check_step_view_follows_its_slider(page)
     assert not lab.errors, f"JavaScript errors: {lab.errors}"
 
@@ -105,6 +114,36 @@ def check_tooltip_is_whole(page) -> None:
     screenshot(page, "lab03_tooltip.png")
 
 
+def screenshot_map_with_tooltip(page) -> None:
+    """The README's page map: the paged run at its fullest step, with its title, legend,
+    counts and the tooltip of block 0 open (one picture of the map and the tooltip)."""
+    root = page.locator(".kvlab-step-view .kvlab-page-map-root").first
+    root.scroll_into_view_if_needed()
+    canvas = root.locator(PAGE_MAP)
+    cell = int(canvas.get_attribute("data-cell-px"))
+    canvas.hover(position={"x": cell // 2, "y": cell // 2})
+    tooltip = page.locator('[data-testid="kvlab-page-map-tooltip"]:visible').first
+    assert "block 0" in tooltip.text_content()
+    boxes = [root.bounding_box(), tooltip.bounding_box()]
+    left = min(b["x"] for b in boxes) - 4
+    top = min(b["y"] for b in boxes) - 2
+    right = max(b["x"] + b["width"] for b in boxes) + 4
+    bottom = max(b["y"] + b["height"] for b in boxes) + 2
+    clip = {"x": left, "y": top, "width": right - left, "height": bottom - top}
+    screenshot_clip(page, "lab03_page_map.png", clip)
+
+
+def screenshot_clip(page, name: str, clip: dict) -> None:
+    """A screenshot of one region of the notebook (kept inside its visible area: JupyterLab
+    does not draw the parts of a notebook that are scrolled out of view)."""
+    area = page.locator(".jp-NotebookPanel-notebook:visible").first.bounding_box()
+    clip = dict(clip, x=max(area["x"], clip["x"]), y=max(area["y"], clip["y"]))
+    clip["width"] = min(clip["width"], area["x"] + area["width"] - clip["x"])
+    clip["height"] = min(clip["height"], area["y"] + area["height"] - clip["y"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), clip=clip)
+
+
 def check_step_view_follows_its_slider(page) -> None:
     """The paged run's StepView rests on its fullest step; one key press goes back a step."""
     view = page.locator(".kvlab-step-view").first
@@ -118,6 +157,22 @@ def check_step_view_follows_its_slider(page) -> None:
         "([el, before]) => el.textContent !== before", arg=[title.element_handle(), before]
     )
     assert "(fullest)" not in title.text_content()
+
+
+def wait_until_idle(page, quiet_s: float = 1.5) -> None:
+    """Until the panel has finished every replay the key presses queued: no "replaying"
+    status, and nothing it shows has changed for ``quiet_s`` seconds."""
+    last, since = None, time.monotonic()
+    deadline = since + 120
+    while time.monotonic() < deadline:
+        status = page.locator(".kvlab-batching-status").first.text_content()
+        now = (status, page.evaluate(PANEL_STATE))
+        if now != last or "replaying" in status:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        page.wait_for_timeout(250)
+    pytest.fail(f"the batching panel was still replaying after 120 s: {last}")
 
 
 PANEL_STATE = """() => {
@@ -170,9 +225,10 @@ def test_lab04_slider_replays_and_redraws(lab):
             f"plot changed={after['plot'] != before['plot']}, "
             f"page map {before['summary']!r} -> {after['summary']!r}; errors: {lab.errors}"
         )
-    page.wait_for_function(
-        "() => !document.querySelector('.kvlab-batching-status').textContent.includes('replaying')",
-        timeout=120_000,
-    )
-    screenshot(page, "lab04_batching_panel_after.png", panel)
+    wait_until_idle(page)
+    # The README's panel: from the scheduling toggle to the window's bottom edge, which
+    # takes in the sliders, the pool and the top of the timeline.
+    panel.scroll_into_view_if_needed()
+    page.evaluate("el => el.scrollIntoView({block: 'start'})", panel.element_handle())
+    screenshot_clip(page, "lab04_batching_panel_after.png", panel.bounding_box())
     assert not lab.errors, f"JavaScript errors: {lab.errors}"

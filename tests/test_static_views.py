@@ -123,9 +123,18 @@ def test_step_view_refuses_a_step_outside_the_recording(step):
         StepView(snapshots(), step=step)
 
 
-def test_step_view_needs_a_snapshot():
+def test_an_empty_step_view_draws_live_then_loads_a_recording():
+    view = StepView([], title="run")
     with pytest.raises(ValueError, match="at least one snapshot"):
-        StepView([])
+        view.load([])
+    recorded = snapshots()
+    view.show_live(recorded[1], "run: replaying")
+    assert view.page_map.title == "run: replaying" and view.slider.max == 0
+    view.load(recorded, step=0, title="again")
+    assert view.slider.max == len(recorded) - 1 and view.slider.value == 0
+    assert view.page_map.title.startswith("again: after step 0")
+    view.slider.value = 2
+    assert view.page_map.title.startswith("again: after step 2")
 
 
 def figure() -> go.Figure:

@@ -48,11 +48,9 @@ from kvlab.measure.replay import ReplayResult, TraceRequests, on_time_grid, repl
 from kvlab.model.loading import load_model
 from kvlab.sim.trace import LENGTH_PROFILES, make_trace
 from kvlab.widgets.batching_figures import comparison_figure, panel_figure, show_figure
-from kvlab.widgets.memory_gauge import MemoryGauge
-from kvlab.widgets.page_map import PageMap
 from kvlab.widgets.static_figures import figure_png
-from kvlab.widgets.step_view import PoolSnapshot
-from kvlab.widgets.svg import stack_svgs, with_static_copy
+from kvlab.widgets.step_view import PoolSnapshot, StepView
+from kvlab.widgets.svg import with_static_copy
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -113,8 +111,10 @@ def _check_number(name: str, value, low, high, integer: bool = False) -> None:
 
 def _sliders(settings: PanelSettings) -> dict[str, widgets.Widget]:
     """One slider per knob, at the values of ``settings``; none replays while dragged."""
-    style = {"description_width": "190px"}
-    layout = widgets.Layout(width="470px")
+    # Two columns of 415 px fit JupyterLab's output area beside its file browser (about
+    # 850 px); a narrower area wraps them, so that no column hides the other's readouts.
+    style = {"description_width": "185px"}
+    layout = widgets.Layout(width="415px")
     common = dict(continuous_update=False, style=style, layout=layout)
     return {
         "max_num_seqs": widgets.IntSlider(
@@ -177,7 +177,8 @@ class BatchingPanel(widgets.VBox):
         settings: the values of the last replay.
         results: policy -> ``ReplayResult`` of the last replay.
         figure, comparison: the plotly figures shown (``go.Figure``).
-        page_map, gauge: the KV pool views.
+        pool: the KV pool's ``StepView``, live during a replay, then its recording;
+            ``page_map``, ``gauge`` and ``step_slider`` are its parts.
         sliders: name -> slider; ``scheduling``, ``step_slider``, ``run_button``, ``status``.
         error: why the last replay did not run (a bad combination of values), else None.
         num_replays: replays done (a test hook).
@@ -251,34 +252,26 @@ class BatchingPanel(widgets.VBox):
         self.plot.add_class("kvlab-batching-plot")
         self.comparison_plot = widgets.Output()
         self.comparison_plot.add_class("kvlab-batching-comparison")
-        self.page_map = PageMap(title="KV pool")
-        self.page_map.add_class("kvlab-batching-page-map")
-        self.gauge = MemoryGauge(title="memory")
-        self.step_slider = widgets.IntSlider(
-            value=0,
-            min=0,
-            max=0,
-            description="step",
-            continuous_update=True,
-            layout=widgets.Layout(width="440px"),
-        )
-        self.step_slider.add_class("kvlab-slider-step")
-        self.step_slider.observe(self._on_step_slider, names="value")
+        # The KV pool: drawn live during a replay, then a recording to step through.
+        self.pool = StepView([], weight_bytes=self._weight_bytes)
+        self.pool.page_map.add_class("kvlab-batching-page-map")
+        self.page_map, self.gauge = self.pool.page_map, self.pool.gauge
+        self.step_slider = self.pool.slider
         names = list(self.sliders)
         controls = widgets.HBox(
             [
                 widgets.VBox([self.sliders[n] for n in names[:3]]),
                 widgets.VBox([self.sliders[n] for n in names[3:]]),
-            ]
+            ],
+            layout=widgets.Layout(flex_flow="row wrap"),
         )
-        pool = widgets.VBox([self.step_slider, self.page_map, self.gauge])
         # The pool right under the sliders: both fit a 1,000 px window, so a learner sees
         # the map change as a slider moves; the tall timeline comes after.
         return [
             self.scheduling,
             controls,
             widgets.HBox([self.run_button, self.status]),
-            pool,
+            self.pool,
             self.plot,
             self.comparison_plot,
         ]
@@ -355,7 +348,9 @@ class BatchingPanel(widgets.VBox):
         def on_step(stats) -> None:
             snapshot = PoolSnapshot.of(cache, stats.step, stats.time)
             self._snapshots.append(snapshot)
-            self._show_pool(snapshot, policy)  # live: the page map moves while it runs
+            # Live: the page map moves while the replay runs.
+            title = f"{policy}: after step {snapshot.step}, t = {snapshot.time:.3f} s"
+            self.pool.show_live(snapshot, title)
 
         return replay(llm, requests, on_step=on_step)
 
@@ -372,24 +367,9 @@ class BatchingPanel(widgets.VBox):
             self.comparison = comparison_figure(self.results, title)
             show_figure(self.comparison_plot, self.comparison)
         self._set_status(html.escape(self.summary_text()))
-        # Park the page map at the step where the pool was fullest (the end is all free).
-        usage = [s.kv_usage for s in result.metrics.steps]
-        peak = usage.index(max(usage)) if usage else 0
-        self._quiet = True
-        try:
-            self.step_slider.max = max(0, len(self._snapshots) - 1)
-            self.step_slider.value = peak
-        finally:
-            self._quiet = False
+        # Rest on the step where the pool was fullest (the end is all free).
         if self._snapshots:
-            self._show_pool(self._snapshots[peak], settings.scheduling, note=" (peak KV use)")
-
-    def _show_pool(self, snapshot: PoolSnapshot, policy: str, note: str = "") -> None:
-        self.page_map.title = (
-            f"{policy}: KV pool after step {snapshot.step}, t = {snapshot.time:.3f} s{note}"
-        )
-        self.page_map.update(snapshot)
-        self.gauge.update(snapshot, self._weight_bytes)
+            self.pool.load(self._snapshots, title=settings.scheduling)
 
     def _set_status(self, text: str) -> None:
         self.status.value = text
@@ -413,17 +393,12 @@ class BatchingPanel(widgets.VBox):
         if not self._quiet:
             self.run()
 
-    def _on_step_slider(self, change) -> None:
-        if self._quiet or not self._snapshots:
-            return
-        index = min(change["new"], len(self._snapshots) - 1)
-        self._show_pool(self._snapshots[index], self.settings.scheduling)
-
     def _repr_mimebundle_(self, **kwargs):
         # For GitHub, nbviewer and HTML exports: a PNG of the timeline where a browser can
         # draw one, else the pool's SVG at the step shown.
-        pool = stack_svgs([self.page_map.to_svg(), self.gauge.to_svg()])
-        data, metadata = with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), pool)
+        data, metadata = with_static_copy(
+            super()._repr_mimebundle_(**kwargs), repr(self), self.pool.to_svg()
+        )
         png = figure_png(self.figure) if self.figure is not None else None
         if png is not None:
             del data["image/svg+xml"]

@@ -9,6 +9,9 @@ that means something, which is also what its static picture (the SVG) shows.
     ... on every step: snapshots.append(PoolSnapshot.of(cache, step))
     StepView(snapshots, title="paged", weight_bytes=w)     # rests on the fullest step
 
+    view = StepView([], title="...")   # a run still to come: draw it live with show_live,
+    view.load(snapshots)               # then hand over the recording
+
 Not handled: recording itself (``kvlab.labs.Recording`` does it for ``serve``; the batching
 panel records its own replays), diffs between steps.
 """
@@ -66,13 +69,15 @@ class StepView(widgets.VBox):
     """A step slider (with a play button) over recorded snapshots, a page map and a gauge.
 
     Args:
-        snapshots: one ``PoolSnapshot`` per step, in order; at least one.
+        snapshots: one ``PoolSnapshot`` per step, in order; may be empty when the run is
+            still to come (``load`` it later, as the batching panel does).
         title: shown in the map's title, with the step.
         weight_bytes: the model's parameter bytes, for the gauge.
         step: the index to rest on; default the fullest step.
 
     Attributes:
         page_map, gauge, slider, play: the parts.
+        snapshots: the recording the slider moves through.
     """
 
     def __init__(
@@ -82,31 +87,53 @@ class StepView(widgets.VBox):
         weight_bytes: int = 0,
         step: int | None = None,
     ) -> None:
-        if not snapshots:
-            raise ValueError("StepView needs at least one snapshot, got none")
-        self.snapshots = list(snapshots)
+        self.snapshots: list[PoolSnapshot] = []
         self.base_title = title
-        last = len(self.snapshots) - 1
-        rest = fullest_step(self.snapshots) if step is None else step
-        if isinstance(rest, bool) or not isinstance(rest, int) or not 0 <= rest <= last:
-            raise ValueError(f"step={step!r} is not allowed: use an index 0..{last} or None")
+        self._moving = False
         self.page_map = PageMap(title=title)
         self.gauge = MemoryGauge(weight_bytes=weight_bytes, title=title)
         self.slider = widgets.IntSlider(
-            value=rest,
+            value=0,
             min=0,
-            max=last,
+            max=0,
             description="step",
             continuous_update=True,
             layout=widgets.Layout(width="440px"),
         )
         self.slider.add_class("kvlab-slider-step")
-        self.play = widgets.Play(value=rest, min=0, max=last, interval=300, description="play")
+        self.play = widgets.Play(value=0, min=0, max=0, interval=300, description="play")
         widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.slider.observe(lambda change: self.show(change["new"]), names="value")
+        self.slider.observe(self._on_slider, names="value")
         super().__init__([widgets.HBox([self.play, self.slider]), self.page_map, self.gauge])
         self.add_class("kvlab-step-view")
+        if snapshots or step is not None:
+            self.load(snapshots, step)
+
+    def load(self, snapshots: list[PoolSnapshot], step: int | None = None, title=None) -> None:
+        """Replace the recording with ``snapshots`` and rest on ``step`` (default: the
+        fullest); ``title`` replaces the title when given."""
+        if not snapshots:
+            raise ValueError("StepView.load needs at least one snapshot, got none")
+        last = len(snapshots) - 1
+        rest = fullest_step(snapshots) if step is None else step
+        if isinstance(rest, bool) or not isinstance(rest, int) or not 0 <= rest <= last:
+            raise ValueError(f"step={step!r} is not allowed: use an index 0..{last} or None")
+        self.snapshots = list(snapshots)
+        if title is not None:
+            self.base_title = self.gauge.title = title
+        self._moving = True  # the slider's own observer must not draw a half-set range
+        try:
+            self.slider.max = self.play.max = last
+            self.slider.value = rest
+        finally:
+            self._moving = False
         self.show(rest)
+
+    def show_live(self, snapshot: PoolSnapshot, title: str) -> None:
+        """Draw a snapshot that is not (yet) in the recording: a run in progress."""
+        self.page_map.title = title
+        self.page_map.update(snapshot)
+        self.gauge.update(snapshot)
 
     def show(self, index: int) -> None:
         """Draw snapshot ``index`` (the slider calls this)."""
@@ -114,11 +141,13 @@ class StepView(widgets.VBox):
         when = f", t = {snapshot.time:.3f} s" if snapshot.time is not None else ""
         rest = " (fullest)" if index == fullest_step(self.snapshots) else ""
         prefix = f"{self.base_title}: " if self.base_title else ""
-        self.page_map.title = f"{prefix}after step {snapshot.step}{when}{rest}"
-        self.page_map.update(snapshot)
-        self.gauge.update(snapshot)
+        self.show_live(snapshot, f"{prefix}after step {snapshot.step}{when}{rest}")
         if self.slider.value != index:
             self.slider.value = index
+
+    def _on_slider(self, change) -> None:
+        if not self._moving and self.snapshots:
+            self.show(change["new"])
 
     def to_text(self) -> str:
         """The step shown, the map's and the gauge's numbers."""
