@@ -19,7 +19,7 @@ from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.memory import GIB, KVSpec, preset
-from kvlab.sim.paper import PUBLISHED, format_comparison
+from kvlab.sim.paper import PUBLISHED, PUBLISHED_BREAKDOWN, format_comparison
 from kvlab.sim.simulator import A100_40GB, StepLog, kv_budget_bytes, simulate
 from kvlab.sim.trace import make_trace
 
@@ -160,6 +160,17 @@ def test_comparison_prints_published_figures(results):
         assert published in text
     assert "paged/16 fits" in text
     assert set(PUBLISHED) == {f"contiguous/{p}" for p in POLICIES} | {"paged/16"}
+
+
+def test_the_published_breakdown_agrees_with_the_token_states_and_adds_up():
+    assert set(PUBLISHED_BREAKDOWN) == set(PUBLISHED)
+    for label, parts in PUBLISHED_BREAKDOWN.items():
+        assert parts[0] == PUBLISHED[label][0]
+        known = [p for p in parts if p is not None]
+        # The figure's bars are rounded to 0.1%: each adds up to 100% within 0.2%.
+        assert sum(known) <= 1.002
+        if None not in parts:
+            assert sum(known) == pytest.approx(1.0, abs=0.002)
 
 
 # ---- the oracle: the engine with the model-free runner ------------------------------------

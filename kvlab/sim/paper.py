@@ -28,6 +28,17 @@ PUBLISHED = {
     "paged/16": (0.963, "PagedAttention paper Fig. 2, vLLM (the seed article says 96%)"),
 }
 
+# The whole bars of the paper's Fig. 2: shares of KV memory in token states, reservation (held
+# for tokens still to come), internal fragmentation, and external fragmentation and other.
+# None where the figure gives no number: Orca (Oracle)'s last part is "the rest" (its three
+# others add up to 100.0%), and vLLM's bar is only labelled with its token states.
+PUBLISHED_BREAKDOWN = {
+    "contiguous/max_model_len": (0.204, 0.133, 0.573, 0.089),
+    "contiguous/pow2": (0.268, 0.179, 0.136, 0.416),
+    "contiguous/exact": (0.382, 0.252, 0.366, None),
+    "paged/16": (0.963, None, None, None),
+}
+
 # The paper's own Fig. 2 setting: OPT-13B (max length 2048) on a 40 GB A100, ShareGPT.
 # Its shape is OPT-13B's config.json; the weight count is rounded (about 12.85 billion).
 OPT_13B = KVSpec("opt-13b", 40, 40, 128, 2, 12_850_000_000, 2048)

@@ -105,9 +105,10 @@ def timeline_figure(results: dict[str, ReplayResult], title: str = "") -> go.Fig
     fig.update_layout(
         barmode="overlay",
         title=title or "Who runs when (simulated clock)",
-        height=120 + len(results) * (40 + 16 * num_requests),
-        margin=dict(t=70, b=40, l=60, r=20),
-        legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"),
+        height=150 + len(results) * (40 + 16 * num_requests),
+        margin=dict(t=60, b=90, l=60, r=20),
+        # Under the time axis: above the plots it ran into the first subplot's title.
+        legend=dict(orientation="h", y=0.01, yanchor="bottom", yref="container", x=0),
     )
     fig.update_xaxes(title_text="time (s)", row=len(results), col=1)
     return fig

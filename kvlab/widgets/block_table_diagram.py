@@ -122,6 +122,7 @@ class BlockTableDiagram:
         for seq_id in below:
             body += self._logical_row(seq_id, y, ends, label_above=False)
             y += _BLOCK_H + 12 + _ROW_GAP
+        y -= _ROW_GAP - 24  # the last row needs no gap under it, only its labels
         for (seq_id, k), (x1, y1) in ends.items():
             block = self.tables[seq_id][k]
             if block >= shown:
@@ -177,9 +178,16 @@ class BlockTableDiagram:
 
 
 def _small(x: float, y: float, text: str, halo: bool = False) -> str:
-    """A 10 px label centred on ``x``; ``halo`` keeps it readable on a coloured block."""
-    outline = ' stroke="#ffffff" stroke-width="3" paint-order="stroke"' if halo else ""
-    return (
+    """A 10 px label centred on ``x``; ``halo`` puts a white patch behind it, so that it
+    reads on a coloured block."""
+    patch = ""
+    if halo:
+        w = 6 * len(text) + 4
+        patch = (
+            f'<rect x="{x - w / 2:g}" y="{y - 9:g}" width="{w}" height="12" rx="2" '
+            'fill="#ffffff" fill-opacity="0.85"/>'
+        )
+    return patch + (
         f'<text x="{x:g}" y="{y:g}" font-family="sans-serif" font-size="10" fill="#222" '
-        f'text-anchor="middle"{outline}>{escape(text)}</text>'
+        f'text-anchor="middle">{escape(text)}</text>'
     )
