@@ -87,6 +87,7 @@ def test_lab03_page_map_and_gauge_render(lab):
     assert int(gauge.get_attribute("data-drawn-segments") or 0) > 0, "the gauge drew nothing"
     screenshot(page, "lab03_memory_gauge.png", gauge)
     check_tooltip_is_whole(page)
+    check_legends_name_what_is_drawn(page)
     screenshot_map_with_tooltip(page)
     check_step_view_follows_its_slider(page)
     assert not lab.errors, f"JavaScript errors: {lab.errors}"
@@ -112,6 +113,33 @@ def check_tooltip_is_whole(page) -> None:
     assert outside, "the tooltip sits inside an output area, which clips it"
     assert box["y"] >= 0 and box["y"] + box["height"] <= page.viewport_size["height"], box
     screenshot(page, "lab03_tooltip.png")
+
+
+def check_legends_name_what_is_drawn(page) -> None:
+    """Every page map's legend (worked out in Python) lists exactly the states its canvas
+    painted (recorded by the JavaScript as it draws each cell)."""
+    maps = page.locator(".kvlab-page-map-root")
+    seen = []
+    for i in range(maps.count()):
+        root = maps.nth(i)
+        root.scroll_into_view_if_needed()  # JupyterLab draws only what is near the view
+        canvas = root.locator(PAGE_MAP)
+        page.wait_for_function(
+            "el => el.dataset.drawnStates !== undefined", arg=canvas.element_handle()
+        )
+        drawn = set(filter(None, canvas.get_attribute("data-drawn-states").split(",")))
+        keys = root.locator(".kvlab-legend-item[data-key]")
+        listed = {keys.nth(k).get_attribute("data-key") for k in range(keys.count())}
+        more = root.locator(".kvlab-legend-item:not([data-key])").count() > 0
+        states = {k for k in drawn if not k.startswith("seq ")}
+        title = root.locator(".kvlab-page-map-title").text_content()
+        assert {k for k in listed if not k.startswith("seq ")} == states, (title, listed, drawn)
+        seqs_drawn = drawn - states
+        seqs_listed = listed - states
+        assert seqs_listed <= seqs_drawn and (more or seqs_listed == seqs_drawn), (title, listed)
+        seen.append(states)
+    # The labs' maps between them draw every state the legend knows, so each was checked.
+    assert set().union(*seen) >= {"free", "cached", "reserved", "shared", "hashed"}, seen
 
 
 def screenshot_map_with_tooltip(page) -> None:

@@ -71,12 +71,15 @@ function drawSharedMark(ctx, x, y, size, refCnt) {
   ctx.fillText(String(refCnt), x + size / 2, y + size / 2 + 1);
 }
 
-function drawCell(ctx, s, i, x, y, size) {
+// Draws block i; adds the legend keys of what it drew to `drawn` (a Set), so that the
+// browser test can compare the legend (worked out in Python) with what was painted.
+function drawCell(ctx, s, i, x, y, size, drawn) {
   const seq = s.owner[i];
   if (seq === null || seq === undefined) {
     ctx.fillStyle = s.cached[i] ? CACHED : FREE;
     ctx.fillRect(x, y, size, size);
     if (s.cached[i] && size >= 6) hatch(ctx, x, y, size);
+    drawn.add(s.cached[i] ? "cached" : "free");
     return;
   }
   // A shared block shows every holder: one vertical stripe each.
@@ -84,7 +87,9 @@ function drawCell(ctx, s, i, x, y, size) {
   const stripe = size / holders.length;
   const frac = fillFraction(s, i);
   const filled = Math.round(size * frac);
+  if (frac < 1) drawn.add("reserved");
   holders.forEach((holder, k) => {
+    drawn.add(`seq ${holder}`);
     ctx.fillStyle = s.colors[String(holder)] || UNKNOWN_SEQ;
     const sx = x + k * stripe;
     if (frac < 1) {
@@ -103,8 +108,12 @@ function drawCell(ctx, s, i, x, y, size) {
     ctx.lineTo(x + size - size / 3, y);
     ctx.lineTo(x + size, y + size / 3);
     ctx.fill();
+    drawn.add("hashed");
   }
-  if (s.ref_cnt[i] > 1) drawSharedMark(ctx, x, y, size, s.ref_cnt[i]);
+  if (s.ref_cnt[i] > 1) {
+    drawSharedMark(ctx, x, y, size, s.ref_cnt[i]);
+    drawn.add("shared");
+  }
 }
 
 function drawMap(canvas, s, width) {
@@ -122,10 +131,12 @@ function drawMap(canvas, s, width) {
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.clearRect(0, 0, cssW, cssH);
   const size = cell >= 8 ? cell - 1 : cell; // a 1px gap once cells are big enough to spare it
+  const drawn = new Set();
   for (let i = 0; i < n; i++) {
-    drawCell(ctx, s, i, (i % cols) * cell, Math.floor(i / cols) * cell, size);
+    drawCell(ctx, s, i, (i % cols) * cell, Math.floor(i / cols) * cell, size, drawn);
   }
   canvas.dataset.drawnBlocks = String(n);
+  canvas.dataset.drawnStates = [...drawn].sort().join(",");
   canvas.dataset.cellPx = String(cell);
   return { cell, cols };
 }
@@ -176,7 +187,9 @@ function drawLegend(legend, s) {
     }
     const seq = key.startsWith("seq ") ? key.slice(4) : null;
     const style = seq !== null ? { background: s.colors[seq] || UNKNOWN_SEQ } : SWATCHES[key];
-    return swatch(label, style);
+    const item = swatch(label, style);
+    item.dataset.key = key;
+    return item;
   });
   legend.replaceChildren(...items);
 }
