@@ -10,4 +10,5 @@ llm_engine        LLMEngine.step: admit, allocate, compute, sample, free
 model_free        a stand-in for the model, for the engine's own loop at any scale
 llm               LLM: generate() for offline use, vLLM's names
 outputs, metrics  what a step and a run return; TTFT, TPOT, throughput, StepStats
+step_cost         StepWork, and a clock whose steps last what their work costs
 """

@@ -43,6 +43,7 @@ from kvlab.engine.sampler import make_generator, sample
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler, SchedulerOutput
 from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.step_cost import StepWork
 from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[StepStats], None]
@@ -103,6 +104,7 @@ class LLMEngine:
         self._samples: dict[str, list[Request]] = {}  # request_id -> its samples
         self._prompts: dict[str, str | None] = {}
         self._num_steps = 0
+        self.last_step_work: StepWork | None = None  # what the last step computed
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -208,47 +210,60 @@ class LLMEngine:
             self.swap_space.wait()  # blocks swapped in by earlier steps are on the device
             self.scheduler.prefetch()  # start copying back what the next step may resume
         self.cache.copy_blocks(out.blocks_to_copy)  # copy-on-write, before anything writes
-        logits = self._forward(out)  # (num_seqs, vocab_size)
-        self.clock.tick()
+        logits, work = self._forward(out)  # (num_seqs, vocab_size), what the step computed
+        self.last_step_work = work
+        self.clock.tick(work)  # a StepCostClock makes the step last what its work costs
         now = self.clock.now()
-        finished, touched, num_decode = self._update(out, logits, now)
+        finished, touched = self._update(out, logits, now)
         self.scheduler.finish_running(finished)
         outputs = [self._output(request_id) for request_id in touched]
         outputs = [output for output in outputs if output is not None]
-        self._record_step(out, finished, num_decode, now)
+        self._record_step(out, finished, work.num_decode_seqs, now)
         return outputs
 
-    def _forward(self, out: SchedulerOutput) -> torch.Tensor:
-        """Pack every scheduled sequence's new tokens into one flat batch and run the model."""
+    def _forward(self, out: SchedulerOutput) -> tuple[torch.Tensor, StepWork]:
+        """Pack every scheduled sequence's new tokens into one flat batch and run the model;
+        return the logits and what the step computed."""
         seq_ids, num_computed, input_ids = [], [], []
+        num_decode = context = pairs = 0
         for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
             start = request.num_computed_tokens
             seq_ids.append(request.seq_id)
             num_computed.append(start)
+            context += start + num_new
             if num_new == 1:
                 input_ids.append(request.token_ids[start])
+                pairs += start + 1
+                # A decode computes the token sampled last step: it is past the prompt.
+                num_decode += start >= len(request.prompt_token_ids)
             else:
                 input_ids.extend(request.token_ids[start : start + num_new])
+                pairs += num_new * start + num_new * (num_new + 1) // 2
         device = self.runner.device
         batch = ForwardBatch.build(seq_ids, num_computed, out.num_new_tokens, device)
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
-        return self.runner.forward(ids, batch, self.cache)
+        swapped = out.swapped_out + out.swapped_in
+        work = StepWork(
+            num_prefill_tokens=out.num_tokens - num_decode,
+            num_decode_seqs=num_decode,
+            num_context_tokens=context,
+            num_attention_pairs=pairs,
+            num_blocks_copied=len(out.blocks_to_copy),
+            num_blocks_swapped=sum(self.kv.blocks_for(r.num_computed_tokens) for r in swapped),
+        )
+        return self.runner.forward(ids, batch, self.cache), work
 
     def _update(self, out: SchedulerOutput, logits: torch.Tensor, now: float):
         """Count computed tokens, sample where a sequence is complete, fork, spot the finished.
 
         Returns:
-            the finished samples, the ids of the requests to report (those that got a
-            token: all, for "cumulative" output; only finished ones for "final_only"), and
-            how many of the step's sequences decoded (the rest computed prompt tokens).
+            the finished samples, and the ids of the requests to report (those that got a
+            token: all, for "cumulative" output; only finished ones for "final_only").
         """
         # NOTE: both loops run over every running sequence every step: lengths are read
         # with len() rather than through the Request's properties.
         rows = []
-        num_decode = 0  # a decode computes the token sampled last step: it is past the prompt
         for i, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens, strict=True)):
-            if num_new == 1 and request.num_computed_tokens >= len(request.prompt_token_ids):
-                num_decode += 1
             request.num_computed_tokens += num_new
             if request.num_computed_tokens == len(request.token_ids):
                 rows.append(i)  # a prefill chunk that is not the last one samples nothing
@@ -258,6 +273,9 @@ class LLMEngine:
         for i, request, token in zip(rows, sampled, tokens, strict=True):
             if request.first_token_time is None:
                 request.first_token_time = now
+            elif now - request.last_token_time > request.max_token_gap:
+                request.max_token_gap = now - request.last_token_time
+            request.last_token_time = now
             if request.sampling_params.n > 1 and not request.output_token_ids:
                 finished.extend(self._fork(request, logits[i], now))
             if request.append_token(token):
@@ -266,7 +284,7 @@ class LLMEngine:
                 touched[request.request_id] = None
             elif request.sampling_params.output_kind == "cumulative":
                 touched[request.request_id] = None  # a running request reports every token
-        return finished, list(touched), num_decode
+        return finished, list(touched)
 
     def _fork(self, parent: Request, logits_row: torch.Tensor, now: float) -> list[Request]:
         """Start samples 1..n-1 of ``parent``, sharing its prompt's blocks; return finished."""
@@ -276,7 +294,7 @@ class LLMEngine:
             if parent.base_seed is not None:
                 generator = make_generator(parent.base_seed + index, self.runner.device)
             child = parent.fork(next(self._seq_ids), index, generator)
-            child.first_token_time = now
+            child.first_token_time = child.last_token_time = now
             children.append(child)
         tokens = sample(logits_row.expand(len(children), -1), children)
         finished = []

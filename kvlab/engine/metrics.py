@@ -45,8 +45,8 @@ class WallClock:
         if delay > 0:
             time.sleep(delay)
 
-    def tick(self) -> None:
-        """An engine step ended; real time has moved by itself."""
+    def tick(self, work=None) -> None:
+        """An engine step ended; real time has moved by itself (``work`` is ignored)."""
 
 
 class ManualClock:
@@ -69,7 +69,8 @@ class ManualClock:
     def advance_to(self, t: float) -> None:
         self._now = max(self._now, t)
 
-    def tick(self) -> None:
+    def tick(self, work=None) -> None:
+        """An engine step ended: ``step_seconds`` passed, whatever ``work`` it did."""
         self._now += self.step_seconds
 
 
@@ -89,6 +90,8 @@ class RequestMetrics:
         num_output_tokens: of all its samples.
         num_cached_tokens: prompt tokens served by the prefix cache at its first admission.
         num_preemptions: of all its samples.
+        max_token_gap: the longest wait between two consecutive tokens of any of its
+            samples: what a streaming user sees when a decode stalls behind a long prefill.
     """
 
     arrival_time: float
@@ -99,6 +102,7 @@ class RequestMetrics:
     num_output_tokens: int
     num_cached_tokens: int
     num_preemptions: int
+    max_token_gap: float = 0.0
 
     @classmethod
     def of(cls, samples: Sequence[Request]) -> RequestMetrics:
@@ -123,6 +127,7 @@ class RequestMetrics:
             num_output_tokens=sum(len(s.output_token_ids) for s in samples),
             num_cached_tokens=samples[0].num_cached_tokens or 0,
             num_preemptions=sum(s.num_preemptions for s in samples),
+            max_token_gap=max(s.max_token_gap for s in samples),
         )
 
 
@@ -247,7 +252,7 @@ class RunMetrics:
             "output_tokens_per_s": self.num_output_tokens / elapsed if elapsed else math.nan,
             "requests_per_s": len(self.requests) / elapsed if elapsed else math.nan,
         }
-        for name in ("ttft", "tpot", "e2e"):
+        for name in ("ttft", "tpot", "e2e", "max_token_gap"):
             values = [getattr(r, name) for r in self.requests]
             out[f"{name}_p50"] = percentile(values, 50)
             out[f"{name}_p99"] = percentile(values, 99)

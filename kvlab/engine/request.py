@@ -67,6 +67,8 @@ class Request:
         num_preemptions: times it lost its blocks (recompute) or was swapped out.
         num_cached_tokens: prompt tokens found in the prefix cache at its first admission.
         first_scheduled_time, first_token_time, finished_time: clock times, None until then.
+        last_token_time: clock time of its newest token.
+        max_token_gap: the longest wait between two of its tokens so far (a stall).
     """
 
     request_id: str
@@ -89,6 +91,8 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    last_token_time: float | None = None
+    max_token_gap: float = 0.0
     token_ids: list[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
