@@ -15,7 +15,7 @@ import kvlab
 from kvlab import LLM, SamplingParams
 from kvlab.engine.step_cost import GPUS, LinearCost, Roofline, StepCostClock, StepWork
 from kvlab.measure.replay import TraceRequests, replay
-from kvlab.measure.step_cost import calibrate, fit, median_error
+from kvlab.measure.step_cost import calibrate, fit, median_error, preemption_costs
 from kvlab.memory import preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,3 +166,17 @@ def test_on_a_gpu_clock_chunked_prefill_trades_the_decodes_stall_for_the_long_tt
     assert max(m.max_token_gap for m in whole[:4]) == pytest.approx(prefill_step, rel=0.05)
     assert max(m.max_token_gap for m in chunked[:4]) < 0.5 * prefill_step  # no stall
     assert chunked[4].ttft > 2 * whole[4].ttft  # the long prompt waits for its chunks
+
+
+def test_swap_against_recompute_prices_the_copies_and_the_extra_prefill():
+    linear = LinearCost(0.01, 0.001, 0.004, 0.0, per_block_swapped=0.002)
+    (row,) = preemption_costs(linear, [40], num_decodes=4, decode_context=10, block_size=16)
+    assert row.swap_s == pytest.approx(2 * 3 * 0.002)  # 3 blocks out, then back in
+    assert row.recompute_s == pytest.approx(40 * 0.001)  # 40 prefill tokens more
+    assert row.cheaper == "swap"
+    # On an A100 a short sequence's recompute hides under the weights' read; a long one's
+    # arithmetic outgrows the PCIe copies of its blocks.
+    a100 = Roofline.of(preset("llama-2-7b"), "a100-40gb")
+    short, long = preemption_costs(a100, [128, 4000])
+    assert short.recompute_s < 0.1 * short.swap_s and short.cheaper == "recompute"
+    assert long.cheaper == "swap"

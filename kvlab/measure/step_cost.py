@@ -230,6 +230,52 @@ def describe(calibration: Calibration) -> str:
     )
 
 
+@dataclass(frozen=True)
+class PreemptionCost:
+    """What bringing back one preempted sequence costs, two ways, under a cost model.
+
+    Attributes:
+        context_len: tokens the sequence held when it was preempted.
+        swap_s: its blocks copied out and back in (the swap-in is what stalls a step).
+        recompute_s: the extra time of the step that recomputes it as a prefill, beside
+            the decodes that run anyway (a step bound by reading the weights computes a
+            few hundred tokens more for free).
+    """
+
+    context_len: int
+    swap_s: float
+    recompute_s: float
+
+    @property
+    def cheaper(self) -> str:
+        return "swap" if self.swap_s < self.recompute_s else "recompute"
+
+
+def preemption_costs(
+    cost, context_lens, num_decodes: int = 32, decode_context: int = 500, block_size: int = 16
+) -> list[PreemptionCost]:
+    """Swap against recompute for sequences of ``context_lens`` tokens, in a step that also
+    decodes ``num_decodes`` sequences of ``decode_context`` tokens each."""
+    decodes = StepWork(
+        num_decode_seqs=num_decodes,
+        num_context_tokens=num_decodes * decode_context,
+        num_attention_pairs=num_decodes * decode_context,
+    )
+    rows = []
+    for n in context_lens:
+        blocks = -(-n // block_size)
+        with_prefill = StepWork(
+            num_prefill_tokens=n,
+            num_decode_seqs=decodes.num_decode_seqs,
+            num_context_tokens=decodes.num_context_tokens + n,
+            num_attention_pairs=decodes.num_attention_pairs + n * (n + 1) // 2,
+        )
+        swap = cost.seconds(StepWork(num_blocks_swapped=2 * blocks)) - cost.seconds(StepWork())
+        recompute = cost.seconds(with_prefill) - cost.seconds(decodes)
+        rows.append(PreemptionCost(n, swap, recompute))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
