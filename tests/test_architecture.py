@@ -11,6 +11,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 import kvlab
 
 PACKAGE = Path(kvlab.__file__).parent
@@ -35,8 +37,9 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_the_scheduler_imports_no_torch_and_no_tensor_cache():
-    modules = imported_modules(PACKAGE / "engine" / "scheduler.py")
+@pytest.mark.parametrize("name", ["scheduler", "scheduler_output", "scheduler_swap"])
+def test_the_scheduler_imports_no_torch_and_no_tensor_cache(name):
+    modules = imported_modules(PACKAGE / "engine" / f"{name}.py")
     assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
     cache_modules = {m for m in modules if m.startswith("kvlab.cache")}
     assert cache_modules <= {"kvlab.cache.manager", "kvlab.cache.swap"}, cache_modules

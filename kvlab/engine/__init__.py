@@ -6,6 +6,8 @@ sampler           turns logits into tokens, one seeded generator per sample
 scheduler_config  SchedulerConfig: the batching knobs, checked where they are made
 waiting_queue     the waiting requests, FCFS or by priority
 scheduler         who runs each step: static, dynamic, continuous; preemption
+scheduler_output  SchedulerOutput: one step's plan
+scheduler_swap    the scheduler's swap half: swap out, swap in, prefetch
 llm_engine        LLMEngine.step: admit, allocate, compute, sample, free
 model_free        a stand-in for the model, for the engine's own loop at any scale
 llm               LLM: generate() for offline use, vLLM's names

@@ -41,8 +41,9 @@ from kvlab.engine.outputs import CompletionOutput, RequestOutput
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.sampler import make_generator, sample
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import Scheduler, SchedulerOutput
+from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.scheduler_output import SchedulerOutput
 from kvlab.engine.step_cost import StepWork
 from kvlab.model.runner import ModelRunner
 

@@ -50,59 +50,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvlab.cache.manager import CacheFullError, KVCacheManager
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.scheduler_output import SchedulerOutput
+from kvlab.engine.scheduler_swap import SwapScheduling, seats_of
 from kvlab.engine.waiting_queue import WaitingQueue
 
 if TYPE_CHECKING:
     from kvlab.cache.swap import SwapSpace
 
 
-@dataclass
-class SchedulerOutput:
-    """One step's plan: what to compute, and what moved.
-
-    Attributes:
-        requests: the sequences to compute, in row order.
-        num_new_tokens: tokens of each to compute this step (its next, uncomputed ones).
-        admitted: requests that got their first blocks this step (new or recomputed).
-        preempted: requests that lost their blocks this step (both modes).
-        swapped_out, swapped_in: the subset that went to / came back from the CPU pool.
-        blocks_to_copy: ``(src, dst)`` blocks whose K/V the storage must copy before the
-            step runs (copy-on-write), in order.
-    """
-
-    requests: list[Request] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    swapped_out: list[Request] = field(default_factory=list)
-    swapped_in: list[Request] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    def __bool__(self) -> bool:
-        return bool(self.requests)
-
-    def _add(self, request: Request, num_new_tokens: int) -> None:
-        self.requests.append(request)
-        self.num_new_tokens.append(num_new_tokens)
-
-    def _remove(self, request: Request) -> int:
-        """Take a request back out of this step; return the tokens it had."""
-        index = self.requests.index(request)
-        del self.requests[index]
-        return self.num_new_tokens.pop(index)
-
-
-class Scheduler:
+class Scheduler(SwapScheduling):
     """Decides every step who runs; allocates their KV slots; preempts when blocks run out.
 
     Args:
@@ -181,7 +142,7 @@ class Scheduler:
         """Release a finished (or aborted) request's memory and seat."""
         if request.status is RequestStatus.RUNNING:
             self.kv.free(request.seq_id)
-            self.num_seats -= _seats(request)
+            self.num_seats -= seats_of(request)
             self.running.remove(request)
         elif request.status is RequestStatus.SWAPPED:
             self._drop_swapped(request)
@@ -196,7 +157,7 @@ class Scheduler:
             return
         for request in finished:
             self.kv.free(request.seq_id)
-            self.num_seats -= _seats(request)
+            self.num_seats -= seats_of(request)
             request.status = RequestStatus.FINISHED
             self._batch.discard(request.seq_id)
         self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
@@ -322,61 +283,17 @@ class Scheduler:
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         self.running.remove(victim)
-        self.num_seats -= _seats(victim)
+        self.num_seats -= seats_of(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(victim)
-        swap = self.swap_space
-        if (
-            swap is not None
-            and victim.num_computed_tokens
-            and swap.can_swap_out(victim.num_computed_tokens)
-        ):
-            # The victim may have run earlier in this step (priority mode): its blocks must
-            # hold their copies before they are swapped out.
-            swap.copy_blocks(out.blocks_to_copy)
-            out.blocks_to_copy.clear()
-            swap.swap_out(victim.seq_id, victim.num_computed_tokens)
-            victim.status = RequestStatus.SWAPPED
-            self.swapped.append(victim)
-            self.num_swap_outs += 1
-            out.swapped_out.append(victim)
+        if self._swap_out(victim, out):
             return
-        # Recompute (also the fallback when the CPU pool is full).
+        # Recompute (also the fallback when there is no CPU pool, or it is full).
         self.kv.free(victim.seq_id)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.WAITING
         self.waiting.push_front(victim)
-
-    def _resume_swapped(self, out: SchedulerOutput, budget: float) -> float:
-        swap = self.swap_space
-        while self.swapped and budget > 0 and self._may_admit(self.swapped[0]):
-            request = self.swapped[0]
-            if self.num_seats + _seats(request) > self.config.max_num_seqs:
-                break
-            try:
-                swap.swap_in(request.seq_id, request.token_ids[: request.num_computed_tokens])
-            except CacheFullError:
-                break
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            start = request.num_computed_tokens
-            try:
-                out.blocks_to_copy += self.kv.allocate_slots(
-                    request.seq_id, num_new, request.token_ids[start : start + num_new]
-                )
-            except CacheFullError:
-                swap.undo_swap_in(request.seq_id)
-                break
-            self.swapped.popleft()
-            swap.release(request.seq_id)
-            self.num_swap_ins += 1
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self.num_seats += _seats(request)
-            out.swapped_in.append(request)
-            out._add(request, num_new)
-            budget -= num_new
-        return budget
 
     def _admit_waiting(self, out: SchedulerOutput, budget: float, now: float) -> None:
         if self._continuous:
@@ -390,7 +307,7 @@ class Scheduler:
             return
         admitted = []
         for request in candidates:
-            if budget <= 0 or self.num_seats + _seats(request) > self.config.max_num_seqs:
+            if budget <= 0 or self.num_seats + seats_of(request) > self.config.max_num_seqs:
                 break
             admission = self.kv.admit(
                 request.seq_id,
@@ -409,7 +326,7 @@ class Scheduler:
             admitted.append(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self.num_seats += _seats(request)
+            self.num_seats += seats_of(request)
             out._add(request, num_new)
             out.admitted.append(request)
             budget -= num_new
@@ -437,63 +354,3 @@ class Scheduler:
             request.num_cached_tokens = num_hit
         self.num_prompt_tokens_queried += request.num_tokens
         self.num_prompt_tokens_hit += num_hit
-
-    # ---- the prefetch engine -------------------------------------------------------------
-
-    def prefetch(self) -> list[Request]:
-        """Start copying swapped requests back before the step that will resume them.
-
-        Call it after ``schedule`` (this step's blocks are taken). A swapped request is
-        prefetched when its blocks fit with room to spare: one block for every running
-        sequence (each may need one next step) plus the watermark.
-
-        Returns:
-            the requests whose copy started.
-        """
-        swap = self.swap_space
-        if swap is None:
-            return []
-        started = []
-        seats = self.num_seats
-        for request in self.swapped:
-            if not self._may_admit(request) or seats + _seats(request) > self.config.max_num_seqs:
-                break
-            seats += _seats(request)
-            if swap.is_resident(request.seq_id):
-                continue
-            need = self.kv.blocks_for(request.num_tokens)
-            spare = len(self.running) + self.kv.watermark_blocks(self.config.watermark)
-            if self.kv.num_free_blocks - need < spare:
-                break
-            try:
-                swap.swap_in(request.seq_id, request.token_ids[: request.num_computed_tokens])
-            except CacheFullError:
-                break
-            self.num_prefetched += 1
-            started.append(request)
-        return started
-
-    def _drop_prefetched(self) -> bool:
-        """Give back the device blocks of one prefetched request (newest first)."""
-        swap = self.swap_space
-        if swap is None:
-            return False
-        for request in reversed(self.swapped):
-            if swap.is_resident(request.seq_id):
-                swap.undo_swap_in(request.seq_id)
-                self.num_prefetched -= 1
-                return True
-        return False
-
-    def _drop_swapped(self, request: Request) -> None:
-        self.swap_space.undo_swap_in(request.seq_id)
-        self.swap_space.release(request.seq_id)
-        self.swapped.remove(request)
-
-
-def _seats(request: Request) -> int:
-    """Seats a request holds: one, plus one per sample still to be forked from it."""
-    n = request.sampling_params.n
-    if n > 1 and request.sample_index == 0 and not request.output_token_ids:
-        return n
-    return 1

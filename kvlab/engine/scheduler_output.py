@@ -1,0 +1,55 @@
+"""What the scheduler plans for one step: ``SchedulerOutput``, the scheduler's only output.
+
+The engine reads it to build the step's batch (``requests``, ``num_new_tokens``), to copy
+blocks before anything writes (``blocks_to_copy``), and to report what moved
+(``admitted``, ``preempted``, ``swapped_out``, ``swapped_in``). It is vLLM's
+``SchedulerOutput`` (``vllm/v1/core/sched/output.py``) cut to what kvlab needs.
+
+Not handled: per-request sampling metadata, structured-output masks, KV connector state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvlab.engine.request import Request
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: what to compute, and what moved.
+
+    Attributes:
+        requests: the sequences to compute, in row order.
+        num_new_tokens: tokens of each to compute this step (its next, uncomputed ones).
+        admitted: requests that got their first blocks this step (new or recomputed).
+        preempted: requests that lost their blocks this step (both modes).
+        swapped_out, swapped_in: the subset that went to / came back from the CPU pool.
+        blocks_to_copy: ``(src, dst)`` blocks whose K/V the storage must copy before the
+            step runs (copy-on-write), in order.
+    """
+
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    swapped_out: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+    def _add(self, request: Request, num_new_tokens: int) -> None:
+        self.requests.append(request)
+        self.num_new_tokens.append(num_new_tokens)
+
+    def _remove(self, request: Request) -> int:
+        """Take a request back out of this step; return the tokens it had."""
+        index = self.requests.index(request)
+        del self.requests[index]
+        return self.num_new_tokens.pop(index)
