@@ -7,6 +7,9 @@
                                             block tables
     recording.view(title, weight_bytes)     a step slider, page map and memory gauge over
                                             the run, resting on its fullest step
+    recording.in_hindsight(final_slots)     each step's fragmentation with the held slots
+                                            the sequences wrote later split off as
+                                            ``reservation`` (the paper's four kinds)
     describe_fullest(history, label)        the step where a cache held the most tokens,
                                             in words, and the mean use over all steps
 
@@ -14,6 +17,8 @@ Not handled: the engine's widgets (lab 04's batching panel is ``kvlab.widgets``)
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from kvlab.cache.base import PooledKVCache
 from kvlab.measure.experiments import Fragmentation, fragmentation
@@ -32,6 +37,7 @@ class Recording:
         snapshots: one ``PoolSnapshot`` per step.
         fragmentation: one ``Fragmentation`` per step.
         tables: one ``{seq_id: block_table}`` per step (empty unless ``tables``).
+        held: one ``{seq_id: (held slots, written slots)}`` per step.
     """
 
     def __init__(self, request_size: int | None = None, tables: bool = False) -> None:
@@ -40,12 +46,31 @@ class Recording:
         self.snapshots: list[PoolSnapshot] = []
         self.fragmentation: list[Fragmentation] = []
         self.tables: list[dict[int, list[int]]] = []
+        self.held: list[dict[int, tuple[int, int]]] = []
 
     def __call__(self, step: int, cache: PooledKVCache) -> None:
         self.snapshots.append(PoolSnapshot.of(cache, step))
         self.fragmentation.append(fragmentation(cache, self.request_size))
+        kv = cache.manager
+        self.held.append({s: (kv.held_slots(s), kv.num_tokens(s)) for s in kv.seq_ids()})
         if self.record_tables:
             self.tables.append({s: cache.block_table(s) for s in cache.manager.seq_ids()})
+
+    def in_hindsight(self, final_slots: dict[int, int]) -> list[Fragmentation]:
+        """Each step's fragmentation, its ``internal`` split once the run is over.
+
+        A held slot that its sequence wrote later is ``reservation`` (held for tokens
+        still to come); one it never wrote stays ``internal``. ``final_slots`` gives the
+        slots each sequence had written when it ended (``ServeResult.final_slots``).
+        """
+        split = []
+        for frag, held in zip(self.fragmentation, self.held, strict=True):
+            later = sum(
+                max(0, min(slots, final_slots.get(seq_id, used)) - used)
+                for seq_id, (slots, used) in held.items()
+            )
+            split.append(replace(frag, reservation=later, internal=frag.internal - later))
+        return split
 
     def view(self, title: str, weight_bytes: int, step: int | None = None) -> StepView:
         """A ``StepView`` of the run, resting on ``step`` (default: the fullest)."""

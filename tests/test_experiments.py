@@ -10,7 +10,7 @@ import pytest
 from conftest import random_prompts
 
 from kvlab.cache import CacheFullError, ContiguousKVCache, NaiveKVCache, PagedKVCache
-from kvlab.labs import describe_fullest
+from kvlab.labs import Recording, describe_fullest
 from kvlab.measure.experiments import (
     Fragmentation,
     block_size_tradeoff,
@@ -223,3 +223,31 @@ def test_serve_uses_the_given_seq_ids(runner):
     assert result.outputs[0] == result.outputs[1] and result.num_cached_tokens == [0, 8]
     with pytest.raises(ValueError, match="distinct"):
         serve(runner, cache, [prompt, prompt], 3, seq_ids=[1, 1])
+
+
+@pytest.mark.parametrize("make_cache", [lambda: contiguous_tiny(80), lambda: paged_tiny(20)])
+def test_in_hindsight_the_held_slots_split_into_reservation_and_internal(runner, make_cache):
+    cache = make_cache()
+    recording = Recording()
+    prompts = random_prompts(256, [10, 5])
+    result = serve(runner, cache, prompts, 6, on_step=recording)  # no EOS: 6 tokens each
+    assert result.final_slots == {0: 10 + 5, 1: 5 + 5}  # the last token is never fed back
+    split = recording.in_hindsight(result.final_slots)
+    for live, later, held in zip(recording.fragmentation, split, recording.held, strict=True):
+        assert later.used == live.used and later.reserved == live.reserved
+        assert later.reservation == sum(
+            min(slots, result.final_slots[s]) - used for s, (slots, used) in held.items()
+        )
+        assert later.reservation >= 0 and later.internal >= 0
+    if isinstance(cache, ContiguousKVCache):
+        # exact reservations hold prompt + max_tokens slots: one more than ever written
+        assert all(f.internal == len(held) for f, held in zip(split, recording.held, strict=True))
+    assert split[0].reservation > 0 and split[-1].reservation == 0  # all written at the end
+
+
+def contiguous_tiny(num_slots: int):
+    return ContiguousKVCache(2, 2, 16, num_slots, "exact", device="cpu")
+
+
+def paged_tiny(num_blocks: int):
+    return PagedKVCache(2, 2, 16, num_blocks, 4, device="cpu", enable_prefix_caching=False)

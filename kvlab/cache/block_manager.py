@@ -109,6 +109,9 @@ class BlockManager(KVCacheManager):
     def num_tokens(self, seq_id: int) -> int:
         return self._seq(seq_id).num_tokens
 
+    def held_slots(self, seq_id: int) -> int:
+        return len(self._seq(seq_id).block_table) * self.block_size
+
     def usage(self) -> KVUsage:
         return KVUsage(
             num_slots=self.num_blocks * self.block_size,

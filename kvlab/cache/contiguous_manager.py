@@ -51,8 +51,14 @@ class ContiguousManager(KVCacheManager):
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.arena
 
+    def seq_ids(self) -> list[int]:
+        return self.arena.seq_ids()
+
     def num_tokens(self, seq_id: int) -> int:
         return self.arena.range_of(seq_id).num_tokens
+
+    def held_slots(self, seq_id: int) -> int:
+        return self.arena.range_of(seq_id).num_slots
 
     def range_of(self, seq_id: int) -> Range:
         return self.arena.range_of(seq_id)

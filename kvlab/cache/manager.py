@@ -100,6 +100,14 @@ class KVCacheManager(ABC):
         """Token slots ``seq_id`` holds (written, or allocated for this step)."""
 
     @abstractmethod
+    def seq_ids(self) -> list[int]:
+        """The sequences that hold memory here."""
+
+    @abstractmethod
+    def held_slots(self, seq_id: int) -> int:
+        """Slots ``seq_id`` holds, written or not: its blocks' slots, or its range."""
+
+    @abstractmethod
     def usage(self) -> KVUsage:
         """Slots in the pool, reserved by sequences, holding their tokens; O(1)."""
 

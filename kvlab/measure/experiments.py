@@ -5,12 +5,14 @@ ask each allocator the same questions:
 
 * ``fragmentation``: where a cache's token slots are at this moment:
 
-      capacity = used + internal + external + free
-      used      slots holding a token of a live sequence
-      internal  reserved by a sequence but empty (a contiguous over-reservation, the empty
-                tail of a sequence's last block)
-      external  free, but in holes too small for the request at hand (contiguous only:
-                any free block serves any paged request)
+      capacity = used + reservation + internal + external + free
+      used         slots holding a token of a live sequence (the paper's token states)
+      reservation  held by a sequence for tokens it will still write (known only in
+                   hindsight: ``kvlab.labs.Recording.in_hindsight``; 0 otherwise)
+      internal     held by a sequence but never written (a contiguous over-reservation,
+                   the empty tail of a sequence's last block)
+      external     free, but in holes too small for the request at hand (contiguous only:
+                   any free block serves any paged request)
 
 * ``max_concurrency``: the most requests of a workload that run together in one cache
   from their first token to their last, found by replaying the allocations only (no model).
@@ -42,9 +44,11 @@ class Fragmentation:
     Attributes:
         capacity: slots in the pool.
         used: slots holding a token of a live sequence.
-        internal: slots reserved by a sequence but holding none of its tokens.
+        internal: slots held by a sequence but holding none of its tokens (all of them
+            until ``reservation`` is split off in hindsight: then only those never written).
         external: free slots in holes too small for the request asked about.
         bytes_per_slot: K and V bytes of one slot, all layers.
+        reservation: held slots that the sequence writes later (0 unless known).
     """
 
     capacity: int
@@ -52,10 +56,12 @@ class Fragmentation:
     internal: int
     external: int
     bytes_per_slot: int
+    reservation: int = 0
 
     @property
     def reserved(self) -> int:
-        return self.used + self.internal
+        """Slots held by sequences: used, reservation and internal."""
+        return self.used + self.reservation + self.internal
 
     @property
     def free(self) -> int:
@@ -76,6 +82,7 @@ class Fragmentation:
             f"{name} {value:,} ({self.share(value):.1%})"
             for name, value in (
                 ("used", self.used),
+                *((("reservation", self.reservation),) if self.reservation else ()),
                 ("internal", self.internal),
                 ("external", self.external),
                 ("free", self.free),

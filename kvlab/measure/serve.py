@@ -36,12 +36,15 @@ class ServeResult:
         num_cached_tokens: prompt tokens each request found in the prefix cache (their
             K/V were reused, not computed).
         num_steps: forward steps run.
+        final_slots: ``seq_id -> slots it had written when it ended`` (prompt + outputs
+            - 1: its last token is never fed back), for each request that ran.
     """
 
     outputs: list[list[int] | None]
     refused: dict[int, str]
     num_cached_tokens: list[int]
     num_steps: int
+    final_slots: dict[int, int]
 
 
 def serve(
@@ -138,7 +141,10 @@ def serve(
     finally:
         for i in pending:
             cache.free(ids[i])
-    return ServeResult(outputs, refused, num_cached, num_steps)
+    final_slots = {
+        ids[i]: len(prompts[i]) + len(out) - 1 for i, out in enumerate(outputs) if out is not None
+    }
+    return ServeResult(outputs, refused, num_cached, num_steps, final_slots)
 
 
 def greedy_step(
