@@ -50,6 +50,7 @@ class ContiguousKVCache(PooledKVCache):
         max_model_len: the longest sequence; defaults to ``num_slots``.
         dtype, device: of the K/V tensors; device defaults to CUDA when present.
         cell_size: slots per cell in ``block_infos`` (a drawing grid, not an allocation unit).
+        arena: the ``ContiguousArena`` that places the ranges (default: kvlab's).
     """
 
     def __init__(
@@ -63,9 +64,10 @@ class ContiguousKVCache(PooledKVCache):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device | None = None,
         cell_size: int = 16,
+        arena=None,
     ) -> None:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.manager = ContiguousManager(num_slots, reservation_policy, max_model_len)
+        self.manager = ContiguousManager(num_slots, reservation_policy, max_model_len, arena)
         if cell_size <= 0:
             raise ValueError(f"cell_size must be >= 1, got {cell_size}")
         self.cell_size = cell_size

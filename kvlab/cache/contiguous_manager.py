@@ -31,14 +31,22 @@ class ContiguousManager(KVCacheManager):
         reservation_policy: how much a request reserves: ``"max_model_len"``, ``"pow2"``
             or ``"exact"``.
         max_model_len: the longest sequence; defaults to ``num_slots``.
+        arena: the arena that places the ranges (default: kvlab's first-fit one); lab 02's
+            build-it exercise passes the learner's (``kvlab.exercises.build_arena``).
     """
 
     block_size = 1
 
     def __init__(
-        self, num_slots: int, reservation_policy: str, max_model_len: int | None = None
+        self,
+        num_slots: int,
+        reservation_policy: str,
+        max_model_len: int | None = None,
+        arena: ContiguousArena | None = None,
     ) -> None:
-        self.arena = ContiguousArena(num_slots)
+        if arena is not None and arena.num_slots != num_slots:
+            raise ValueError(f"arena has {arena.num_slots} slots; num_slots={num_slots}")
+        self.arena = arena if arena is not None else ContiguousArena(num_slots)
         self.num_blocks = num_slots
         self.reservation_policy = reservation_policy
         self.max_model_len = max_model_len or num_slots

@@ -1,0 +1,263 @@
+"""Build it (lab 02): a first-fit arena of your own, checked, then run inside the engine.
+
+The learner writes three methods of a contiguous arena (the stub is in lab 02):
+
+    reserve(seq_id, num_slots) -> start   first-fit: the first hole, in address order,
+                                          of at least num_slots slots; CacheFullError
+                                          (and no change) when no hole is long enough
+    free(seq_id)                          its range becomes free; neighbours merge
+    holes() -> [(start, length), ...]     every free run, merged, in address order
+
+``check_arena(MyArena)`` grades it criterion by criterion. Random sequences of reserves
+and frees run on the learner's arena and on kvlab's ``ContiguousArena`` side by side; the
+first difference names the broken criterion, is shrunk to the fewest operations that
+still show it, and comes with the misconception it most often means. Only when every
+criterion holds does the arena serve real requests: SmolLM2 (or any model) generates
+through ``ContiguousKVCache`` with the learner's arena placing every range, and the tokens
+must equal kvlab's own run, which equals Hugging Face ``generate`` (the oracle of
+``tests/test_cache_equivalence.py``).
+
+    hint_arena(1), hint_arena(2), ...   help in steps, from a nudge to the algorithm
+    reveal_arena()                      kvlab's own reserve, free and holes
+
+Not handled: partial credit within a criterion; grading anything but the three methods.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass
+
+from kvlab.cache.contiguous_arena import ContiguousArena, Range
+from kvlab.exercises.arena_grader import (
+    NUM_SLOTS,
+    Op,
+    first_difference,
+    random_ops,
+    show_op,
+    shrink,
+    valid_ops,
+)
+
+CRITERIA = {
+    "written": "reserve, free and holes run (none raises NotImplementedError)",
+    "first_fit": "reserve returns the start of the first hole that is long enough",
+    "refuses": "reserve raises CacheFullError exactly when no hole is long enough",
+    "refusal_changes_nothing": "a refused reserve leaves every hole as it was",
+    "holes": "holes() lists every free run once: merged, in address order",
+    "generation": "real requests through the engine give the tokens of Hugging Face",
+}
+
+HINTS = (
+    "Keep the reserved ranges sorted by their start; the holes are what lies between them.",
+    "holes(): walk the sorted ranges with a cursor at slot 0. A range that starts after "
+    "the cursor leaves the hole (cursor, start - cursor); move the cursor to its end. "
+    "After the last range, the tail (cursor, num_slots - cursor) is a hole if not empty.",
+    "reserve(): for (start, length) in holes(), the first with length >= num_slots wins. "
+    "If none, raise CacheFullError before changing anything. free(): drop the range; the "
+    "next holes() call merges the neighbours by itself.",
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One criterion's result.
+
+    Attributes:
+        criterion: a key of ``CRITERIA``.
+        passed: whether it held.
+        detail: what went wrong (the shortest operations that show it), or "".
+        misconception: what such a failure most often means, or "".
+    """
+
+    criterion: str
+    passed: bool
+    detail: str = ""
+    misconception: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every criterion's verdict; shows as a checklist in a notebook."""
+
+    verdicts: list[Verdict]
+
+    @property
+    def score(self) -> int:
+        return sum(v.passed for v in self.verdicts)
+
+    @property
+    def passed(self) -> bool:
+        return self.score == len(CRITERIA)
+
+    def __repr__(self) -> str:
+        lines = [f"{self.score} of {len(CRITERIA)} criteria hold"]
+        graded = {v.criterion: v for v in self.verdicts}
+        for key, text in CRITERIA.items():
+            verdict = graded.get(key)
+            if verdict is None:
+                lines.append(f"  [ ] {text} (not checked yet: fix the first failure)")
+                continue
+            lines.append(f"  [{'x' if verdict.passed else '!'}] {text}")
+            if verdict.detail:
+                lines.append(f"      {verdict.detail}")
+            if verdict.misconception:
+                lines.append(f"      likely: {verdict.misconception}")
+        if not self.passed:
+            lines.append("Stuck? hint_arena(1), then 2 and 3; reveal_arena() shows kvlab's own.")
+        return "\n".join(lines)
+
+
+# ---- the check ----------------------------------------------------------------------------
+
+
+def check_arena(
+    arena_class, model=None, num_sequences: int = 300, seed: int = 0, prompts=None
+) -> Report:
+    """Grade a learner's arena class (``arena_class(num_slots)``; see the module docstring).
+
+    Args:
+        arena_class: the class to grade.
+        model: a loaded model for the last criterion (default: SmolLM2-135M).
+        num_sequences: random operation sequences tried per run (seeded: the same each time).
+        seed: the seed of those sequences.
+        prompts: token-id prompts for the generation (default: six chat prompts).
+    """
+    verdicts = []
+    try:
+        arena = arena_class(NUM_SLOTS)
+        arena.holes()
+        arena.reserve(0, 4)
+        arena.holes()
+        arena.free(0)
+        arena.holes()
+    except NotImplementedError as error:
+        name = _missing_method(error)
+        verdicts.append(Verdict("written", False, f"{name} is not written yet"))
+        return Report(verdicts)
+    verdicts.append(Verdict("written", True))
+    rng = random.Random(seed)
+    failures: dict[str, tuple[list[Op], str, str]] = {}
+    for _ in range(num_sequences):
+        ops = valid_ops(random_ops(rng, rng.randint(2, 24)))
+        failure = first_difference(arena_class, ops)
+        if failure is not None and failure[0] not in failures:
+            criterion = failure[0]
+            small = shrink(arena_class, ops, criterion)
+            _, detail, misconception = first_difference(arena_class, small)
+            steps = "; ".join(show_op(op) for op in small)
+            failures[criterion] = (small, f"{detail} (shortest case: {steps})", misconception)
+    for criterion in ("first_fit", "refuses", "refusal_changes_nothing", "holes"):
+        if criterion in failures:
+            _, detail, misconception = failures[criterion]
+            verdicts.append(Verdict(criterion, False, detail, misconception))
+        else:
+            verdicts.append(Verdict(criterion, True))
+    if failures:
+        return Report(verdicts)
+    verdicts.append(check_generation(arena_class, model, prompts))
+    return Report(verdicts)
+
+
+def _missing_method(error: NotImplementedError) -> str:
+    frame = inspect.trace()[-1]
+    return f"{frame.function}()"
+
+
+def check_generation(arena_class, model, prompts) -> Verdict:
+    """Serve prompts with the learner's arena placing every range, against kvlab's own."""
+    from kvlab.cache.contiguous import ContiguousKVCache
+    from kvlab.measure.serve import serve
+    from kvlab.memory import KVSpec
+    from kvlab.model.loading import chat_prompt, load_model
+    from kvlab.model.runner import ModelRunner
+
+    tokenizer = None
+    if model is None:
+        model, tokenizer = load_model("smollm2-135m", device="cpu")
+    if prompts is None:
+        if tokenizer is None:
+            raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
+        questions = [
+            "What is the capital of France?",
+            "Name three primary colors.",
+            "What is 2 + 2?",
+            "Write a haiku about memory.",
+        ]
+        prompts = [chat_prompt(tokenizer, q) for q in questions]
+    runner = ModelRunner(model)
+    spec = KVSpec.from_config(model.config, dtype=model.dtype)
+    # Three requests run together (their ranges must not overlap), finish, and leave a hole
+    # at the front that the fourth, arriving later, must be placed in.
+    arrivals = [0, 0, 2, 14, 15, 16][: len(prompts)]
+    outputs = {}
+    for name, arena in (("yours", LearnerArena(arena_class, 256)), ("kvlab", None)):
+        cache = ContiguousKVCache.from_spec(
+            spec, 256, reservation_policy="exact", device="cpu", arena=arena
+        )
+        outputs[name] = serve(runner, cache, prompts, 12, arrival_steps=arrivals).outputs
+    if outputs["yours"] == outputs["kvlab"]:
+        return Verdict(
+            "generation",
+            True,
+            f"{len(prompts)} requests, the same tokens as with kvlab's arena (= HF generate)",
+        )
+    bad = [i for i, (a, b) in enumerate(zip(*outputs.values(), strict=True)) if a != b]
+    return Verdict(
+        "generation",
+        False,
+        f"requests {bad} came out different from kvlab's",
+        "two ranges shared slots: one request's K/V overwrote another's",
+    )
+
+
+class LearnerArena(ContiguousArena):
+    """kvlab's arena bookkeeping (tokens per range, counts) with a learner's placement.
+
+    ``reserve``, ``free`` and ``holes`` go to the learner's arena; this class records each
+    range where the learner put it, unchecked, so that a wrong placement corrupts K/V
+    exactly as it would in a real engine.
+    """
+
+    def __init__(self, arena_class, num_slots: int) -> None:
+        super().__init__(num_slots)
+        self.learner = arena_class(num_slots)
+
+    def holes(self) -> list[tuple[int, int]]:
+        return list(self.learner.holes())
+
+    def reserve(self, seq_id: int, num_slots: int) -> int:
+        start = self.learner.reserve(seq_id, num_slots)
+        self._ranges[seq_id] = Range(start, num_slots)
+        self._starts.append((start, seq_id))
+        self._starts.sort()
+        self.num_reserved_slots += num_slots
+        return start
+
+    def free(self, seq_id: int) -> None:
+        self.learner.free(seq_id)
+        r = self._ranges.pop(seq_id)
+        self._starts.remove((r.start, seq_id))
+        self.num_reserved_slots -= r.num_slots
+        self.num_used_slots -= r.num_tokens
+
+
+def hint_arena(level: int = 1) -> str:
+    """Help in steps: 1 a nudge, 2 the holes, 3 the whole algorithm."""
+    if not 1 <= level <= len(HINTS):
+        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
+    return HINTS[level - 1]
+
+
+def reveal_arena() -> str:
+    """kvlab's own reserve, holes and free (``kvlab.cache.contiguous_arena``)."""
+    return "\n".join(
+        inspect.getsource(method)
+        for method in (
+            ContiguousArena.reserve,
+            ContiguousArena.holes,
+            ContiguousArena.free,
+            ContiguousArena._first_fit,
+        )
+    )
