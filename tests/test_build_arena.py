@@ -124,6 +124,38 @@ class NoMerge(Right):
         self.free_runs.append(self.ranges.pop(seq_id))
 
 
+class NoTail(Right):
+    """Forgets the free run after the last range."""
+
+    def holes(self):
+        return [h for h in super().holes() if sum(h) != self.num_slots or not self.ranges]
+
+
+class ReturnsEnd(Right):
+    def reserve(self, seq_id, num_slots):
+        return super().reserve(seq_id, num_slots) + num_slots
+
+
+class NoReturn(Right):
+    def reserve(self, seq_id, num_slots):
+        super().reserve(seq_id, num_slots)
+
+
+class WrongError(Right):
+    def reserve(self, seq_id, num_slots):
+        try:
+            return super().reserve(seq_id, num_slots)
+        except CacheFullError:
+            raise ValueError("no room") from None
+
+
+class HolesAsLists(Right):
+    """Right, with lists for pairs: accepted."""
+
+    def holes(self):
+        return [list(h) for h in super().holes()]
+
+
 class Overlapping(Right):
     """Forgets the ranges it handed out: every reservation starts at slot 0."""
 
@@ -158,6 +190,10 @@ def test_a_right_arena_passes_every_criterion_including_real_generation(tiny_mod
     assert "4 requests, the same tokens as with kvlab's arena" in repr(report)
 
 
+def test_holes_as_lists_are_accepted(tiny_model):
+    assert grade(HolesAsLists, tiny_model).passed
+
+
 def test_the_untouched_stub_scores_zero_and_says_what_to_write(tiny_model):
     report = grade(Stub, tiny_model)
     assert report.score == 0
@@ -173,6 +209,10 @@ def test_the_untouched_stub_scores_zero_and_says_what_to_write(tiny_model):
         (RecordsBeforeChecking, "refusal_changes_nothing", "check the room first"),
         (NoMerge, "holes", "merge a freed range with its neighbours"),
         (Overlapping, "holes", ""),
+        (NoTail, "holes", "the tail after the last range is a hole too"),
+        (ReturnsEnd, "first_fit", "the start of the range, not its end"),
+        (NoReturn, "first_fit", "must return the start"),
+        (WrongError, "refuses", "raises CacheFullError"),
     ],
 )
 def test_each_planted_defect_is_caught_by_its_criterion(tiny_model, arena_class, criterion, words):

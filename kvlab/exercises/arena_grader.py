@@ -22,49 +22,89 @@ NUM_SLOTS = 64
 Op = tuple  # ("reserve", seq_id, num_slots) or ("free", seq_id)
 
 
+class _LearnerError(Exception):
+    """The learner's method raised something other than CacheFullError."""
+
+
+def _holes(arena) -> list[tuple[int, int]]:
+    try:
+        return [tuple(hole) for hole in arena.holes()]
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        raise _LearnerError(f"holes() raised {type(error).__name__}: {error}") from error
+
+
 def first_difference(make_arena: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
     """(criterion, what happened, misconception) of the first difference, or None."""
     mine, ref = make_arena(NUM_SLOTS), ContiguousArena(NUM_SLOTS)
+    refused_before = False
     for index, op in enumerate(ops):
         where = f"operation {index + 1}, {show_op(op)}"
-        if op[0] == "free":
-            mine.free(op[1])
-            ref.free(op[1])
-        else:
-            _, seq_id, num_slots = op
-            before = list(mine.holes())
-            expected = _try(ref.reserve, seq_id, num_slots)
-            got = _try(mine.reserve, seq_id, num_slots)
-            if isinstance(expected, CacheFullError) != isinstance(got, CacheFullError):
-                if isinstance(expected, CacheFullError):
-                    return "refuses", f"{where}: returned {got}, but no hole fits", _found_room()
-                return (
-                    "refuses",
-                    f"{where}: refused, but slot {expected} starts a hole that fits",
-                    (
-                        "a hole that is exactly num_slots long fits (>=, not >), and the tail "
-                        "after the last range is a hole too"
-                    ),
-                )
-            if isinstance(got, CacheFullError):
-                if list(mine.holes()) != before:
-                    return (
-                        "refusal_changes_nothing",
-                        f"{where}: holes went from {before} to {list(mine.holes())}",
-                        "check the room first, then record the range",
-                    )
-            elif got != expected:
-                return (
-                    "first_fit",
-                    f"{where}: placed at slot {got}, first-fit says {expected}",
-                    _wrong_start(before, num_slots, got),
-                )
-        if list(mine.holes()) != ref.holes():
+        try:
+            failure = _one_op(mine, ref, op, where, refused_before)
+        except _LearnerError as error:
+            criterion = "refuses" if op[0] == "reserve" else "holes"
             return (
-                "holes",
-                f"after {where}: holes() = {list(mine.holes())}, expected {ref.holes()}",
-                _wrong_holes(list(mine.holes()), ref.holes()),
+                criterion,
+                f"{where}: {error}",
+                (
+                    "a reserve that finds no room raises CacheFullError (imported in cell 1); "
+                    "any other error is a bug in the method it names"
+                ),
             )
+        if failure is not None:
+            return failure
+        refused_before |= op[0] == "reserve" and op[1] not in ref
+    return None
+
+
+def _one_op(mine, ref, op: Op, where: str, refused_before: bool):
+    """Run ``op`` on both arenas; the difference it shows, or None."""
+    if op[0] == "free":
+        ref.free(op[1])
+        try:
+            mine.free(op[1])
+        except Exception as error:  # noqa: BLE001
+            raise _LearnerError(f"free() raised {type(error).__name__}: {error}") from error
+    else:
+        _, seq_id, num_slots = op
+        before = _holes(mine)
+        expected = _try(ref.reserve, seq_id, num_slots)
+        got = _try(mine.reserve, seq_id, num_slots)
+        if got is None:
+            return (
+                "first_fit",
+                f"{where}: reserve returned None",
+                ("reserve must return the start of the range it placed"),
+            )
+        if isinstance(expected, CacheFullError) != isinstance(got, CacheFullError):
+            if isinstance(expected, CacheFullError):
+                return "refuses", f"{where}: returned {got}, but no hole fits", _found_room()
+            why = (
+                "a hole that is exactly num_slots long fits (>=, not >), and the tail after "
+                "the last range is a hole too"
+            )
+            if refused_before:
+                why = "an earlier refused reserve changed your arena: a refusal must change nothing"
+            return "refuses", f"{where}: refused, but slot {expected} starts a hole that fits", why
+        if isinstance(got, CacheFullError):
+            if _holes(mine) != before:
+                return (
+                    "refusal_changes_nothing",
+                    f"{where}: holes went from {before} to {_holes(mine)}",
+                    "check the room first, then record the range",
+                )
+        elif got != expected:
+            return (
+                "first_fit",
+                f"{where}: placed at slot {got}, first-fit says {expected}",
+                _wrong_start(before, num_slots, got, expected),
+            )
+    if _holes(mine) != ref.holes():
+        return (
+            "holes",
+            f"after {where}: holes() = {_holes(mine)}, expected {ref.holes()}",
+            _wrong_holes(_holes(mine), ref.holes()),
+        )
     return None
 
 
@@ -73,13 +113,17 @@ def _try(method, *args):
         return method(*args)
     except CacheFullError as error:
         return error
+    except Exception as error:  # noqa: BLE001
+        raise _LearnerError(f"reserve() raised {type(error).__name__}: {error}") from error
 
 
 def _found_room() -> str:
     return "the hole lengths are off (a range's end is start + num_slots, not +1 or -1)"
 
 
-def _wrong_start(holes: list, num_slots: int, got) -> str:
+def _wrong_start(holes: list, num_slots: int, got, expected) -> str:
+    if got == expected + num_slots:
+        return "reserve returns the start of the range, not its end"
     fitting = [(start, length) for start, length in holes if length >= num_slots]
     if fitting and fitting[0][1] == num_slots and (got is None or got > fitting[0][0]):
         return "a hole that is exactly num_slots long fits (>=, not >)"
@@ -91,6 +135,8 @@ def _wrong_start(holes: list, num_slots: int, got) -> str:
 
 
 def _wrong_holes(mine: list, expected: list) -> str:
+    if expected and sum(expected[-1]) == NUM_SLOTS and not (mine and sum(mine[-1]) == NUM_SLOTS):
+        return "the tail after the last range is a hole too"
     if sum(n for _, n in mine) == sum(n for _, n in expected):
         touching = any(a + n == b for (a, n), (b, _) in zip(mine, mine[1:], strict=False))
         if touching:

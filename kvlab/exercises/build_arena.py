@@ -136,6 +136,11 @@ def check_arena(
         name = _missing_method(error)
         verdicts.append(Verdict("written", False, f"{name} is not written yet"))
         return Report(verdicts)
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        name = _missing_method(error)
+        detail = f"{name} raised {type(error).__name__}: {error} (on a fresh arena: reserve(0, 4))"
+        verdicts.append(Verdict("written", False, detail))
+        return Report(verdicts)
     verdicts.append(Verdict("written", True))
     rng = random.Random(seed)
     failures: dict[str, tuple[list[Op], str, str]] = {}
@@ -160,13 +165,15 @@ def check_arena(
     return Report(verdicts)
 
 
-def _missing_method(error: NotImplementedError) -> str:
+def _missing_method(error: Exception) -> str:
     frame = inspect.trace()[-1]
     return f"{frame.function}()"
 
 
 def check_generation(arena_class, model, prompts) -> Verdict:
     """Serve prompts with the learner's arena placing every range, against kvlab's own."""
+    import torch
+
     from kvlab.cache.contiguous import ContiguousKVCache
     from kvlab.measure.serve import serve
     from kvlab.memory import KVSpec
@@ -188,22 +195,37 @@ def check_generation(arena_class, model, prompts) -> Verdict:
         prompts = [chat_prompt(tokenizer, q) for q in questions]
     runner = ModelRunner(model)
     spec = KVSpec.from_config(model.config, dtype=model.dtype)
-    # Three requests run together (their ranges must not overlap), finish, and leave a hole
-    # at the front that the fourth, arriving later, must be placed in.
-    arrivals = [0, 0, 2, 14, 15, 16][: len(prompts)]
-    outputs = {}
-    for name, arena in (("yours", LearnerArena(arena_class, 256)), ("kvlab", None)):
-        cache = ContiguousKVCache.from_spec(
-            spec, 256, reservation_policy="exact", device="cpu", arena=arena
+    # Three requests run together (their ranges must not overlap); the first two finish at
+    # step 11 and leave a hole at the front, where the fourth, arriving at step 12 while
+    # the third still runs, must be placed.
+    arrivals = [0, 0, 2, 12, 13, 14][: len(prompts)]
+    results = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads fighting over two cores are many times slower
+    try:
+        for name, arena in (("yours", LearnerArena(arena_class, 256)), ("kvlab", None)):
+            cache = ContiguousKVCache.from_spec(
+                spec, 256, reservation_policy="exact", device="cpu", arena=arena
+            )
+            results[name] = serve(runner, cache, prompts, 12, arrival_steps=arrivals)
+    finally:
+        torch.set_num_threads(threads)
+    yours, kvlab = results["yours"], results["kvlab"]
+    if yours.refused != kvlab.refused:
+        return Verdict(
+            "generation",
+            False,
+            f"your arena refused {yours.refused}, kvlab's refused {kvlab.refused}",
+            "a reserve refused a range that a hole could hold",
         )
-        outputs[name] = serve(runner, cache, prompts, 12, arrival_steps=arrivals).outputs
-    if outputs["yours"] == outputs["kvlab"]:
+    if yours.outputs == kvlab.outputs:
         return Verdict(
             "generation",
             True,
             f"{len(prompts)} requests, the same tokens as with kvlab's arena (= HF generate)",
         )
-    bad = [i for i, (a, b) in enumerate(zip(*outputs.values(), strict=True)) if a != b]
+    pairs = zip(yours.outputs, kvlab.outputs, strict=True)
+    bad = [i for i, (a, b) in enumerate(pairs) if a != b]
     return Verdict(
         "generation",
         False,
