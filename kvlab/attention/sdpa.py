@@ -38,6 +38,8 @@ def sdpa_attention(
     if meta.block_table is None:
         return reference_attention(query, layer, meta, cache, scale)
     split = meta.decode_split
+    if split.all_decode:  # the common step: no rows to pick out or put back
+        return _decode(query, layer, meta, cache, scale)
     out = torch.empty_like(query)
     if split.decode_rows.numel():
         out[split.decode_rows] = _decode(query[split.decode_rows], layer, meta, cache, scale)
@@ -50,12 +52,12 @@ def sdpa_attention(
 def _decode(query, layer, meta: StepMetadata, cache: KVCache, scale: float) -> torch.Tensor:
     split = meta.decode_split
     num_decodes, num_heads, head_dim = query.shape
-    size = meta.block_size
-    max_blocks = -(-split.max_seq_len // size)
-    table = meta.block_table[split.decode_index, :max_blocks].long()  # (N, max_blocks)
-    kv = cache.kv_caches[layer]
-    blocks = kv.view(2, -1, size, *kv.shape[-2:])  # (2, num_blocks, block_size, H_kv, D)
-    gathered = blocks[:, table].flatten(2, 3)  # (2, N, max_blocks * block_size, H_kv, D)
+    kv = cache.kv_caches[layer]  # (2, num_blocks, [block_size,] H_kv, D)
+    num_kv_heads = kv.shape[-2]
+    # One copy of whole blocks (block_size * H_kv * D values each) through the block table.
+    blocks = kv.view(2, -1, meta.block_size * num_kv_heads * head_dim)
+    gathered = blocks.index_select(1, split.block_ids)  # (2, N * max_blocks, block values)
+    gathered = gathered.view(2, num_decodes, -1, num_kv_heads, head_dim)  # (2, N, slots, H_kv, D)
     key = gathered[0, :, : split.max_seq_len].transpose(1, 2)  # (N, H_kv, L, D)
     value = gathered[1, :, : split.max_seq_len].transpose(1, 2)
     q = query.view(num_decodes, num_heads, 1, head_dim)

@@ -99,6 +99,9 @@ class DecodeSplit:
         key_mask: (num_decodes, 1, 1, max_seq_len) True where a key belongs to the sequence.
         max_seq_len: the longest context among them.
         prefill: ``(index, start, end)`` of every sequence with more than one new token.
+        block_ids: (num_decodes * max_blocks,) int64, the blocks that hold the first
+            ``max_seq_len`` tokens of each one-query sequence, row after row; None without
+            a block table.
     """
 
     decode_index: torch.Tensor
@@ -106,6 +109,12 @@ class DecodeSplit:
     key_mask: torch.Tensor | None
     max_seq_len: int
     prefill: list[tuple[int, int, int]]
+    block_ids: torch.Tensor | None = None
+
+    @property
+    def all_decode(self) -> bool:
+        """Every row of the step is a one-query row (no prefill)."""
+        return not self.prefill
 
 
 @dataclass(frozen=True)
@@ -145,4 +154,8 @@ class StepMetadata:
         max_seq_len = int(lens.max())
         positions = torch.arange(max_seq_len, device=device)
         mask = (positions[None, :] < lens[:, None])[:, None, None, :]  # (N, 1, 1, L)
-        return DecodeSplit(index, rows, mask, max_seq_len, prefill)
+        block_ids = None
+        if self.block_table is not None:
+            max_blocks = -(-max_seq_len // self.block_size)
+            block_ids = self.block_table[index, :max_blocks].flatten().long()
+        return DecodeSplit(index, rows, mask, max_seq_len, prefill, block_ids)

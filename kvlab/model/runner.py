@@ -8,13 +8,15 @@ itself, so that where K and V live is kvlab's choice: the runner only talks to a
     embed tokens
     for each layer:
         h = RMSNorm(x)
-        q, k, v = project(h)            # k, v: (num_tokens, num_kv_heads, head_dim)
+        q, k, v = qkv_proj(h)           # one fused matmul; k, v: (tokens, kv_heads, head_dim)
         q, k = rotate(q, k, positions)  # rotary position embedding
         cache.write(layer, meta, k, v)  # the KV cache: store this step's keys and values
         a = attention(q, layer, meta, cache)  # every sequence attends to its whole context
         x = x + o_proj(a)
-        x = x + MLP(RMSNorm(x))         # SwiGLU
+        x = x + MLP(RMSNorm(x))         # SwiGLU: gate and up in one fused matmul
     logits = lm_head(RMSNorm(x)) at each sequence's last token
+
+The matrices are the model's own, fused and laid out once for speed (``kvlab.model.linear``).
 
 Not handled: sliding-window attention, dynamic RoPE scaling that changes with length,
 mixture-of-experts, tensor parallelism.
@@ -29,6 +31,7 @@ from kvlab.attention import ATTENTION_BACKENDS, AttentionFn
 from kvlab.cache.base import KVCache
 from kvlab.cache.step import ForwardBatch
 from kvlab.memory import KVSpec
+from kvlab.model.linear import fused_weights
 
 
 class ModelRunner:
@@ -40,13 +43,18 @@ class ModelRunner:
         attention: the attention backend: ``"reference"`` (one sequence at a time, any
             cache), ``"sdpa"`` (decode rows batched), ``"triton"`` (kvlab's kernels), or a
             function with the signature of ``kvlab.attention.reference_attention``.
+        onednn: lay float32 CPU weights out for oneDNN (see ``kvlab.model.linear``); None
+            does so where it applies, False keeps them row-major.
     """
 
-    def __init__(self, hf_model, attention: str | AttentionFn = "reference"):
+    def __init__(
+        self, hf_model, attention: str | AttentionFn = "reference", onednn: bool | None = None
+    ):
         config = hf_model.config
         self.config = config
         self.model = hf_model.model
         self.lm_head = hf_model.lm_head
+        self.weights = fused_weights(hf_model, onednn)
         self.attention = _attention_backend(attention)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -86,32 +94,33 @@ class ModelRunner:
         meta = cache.begin_step(batch)
         x = self.model.embed_tokens(input_ids)  # (num_tokens, hidden)
         cos, sin = self._rotary(batch.positions)  # (num_tokens, head_dim)
-        for index, layer in enumerate(self.model.layers):
-            x = x + self._attention_block(layer, index, x, cos, sin, meta, cache)
-            x = x + self._mlp_block(layer, x)
+        layers = zip(self.model.layers, self.weights.layers, strict=True)
+        for index, (layer, weights) in enumerate(layers):
+            x = x + self._attention_block(layer, weights, index, x, cos, sin, meta, cache)
+            x = x + self._mlp_block(layer, weights, x)
         last_rows = batch.query_start_loc[1:] - 1
         x = _rms_norm(x[last_rows], self.model.norm.weight, self.eps)
-        return self.lm_head(x)
+        return self.weights.lm_head(x)
 
-    def _attention_block(self, layer, index, x, cos, sin, meta, cache):
-        attn = layer.self_attn
+    def _attention_block(self, layer, weights, index, x, cos, sin, meta, cache):
         h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
         num_tokens = h.shape[0]
         # Project, then split the hidden vector into heads: (num_tokens, heads, head_dim).
-        q = attn.q_proj(h).view(num_tokens, self.num_heads, self.head_dim)
-        k = attn.k_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = attn.v_proj(h).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = weights.qkv_proj.split(h)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         # Rotate q and k by their positions; v carries no position.
         q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
         # The KV cache at work: store k and v, then attend over everything stored so far.
         cache.write(index, meta, k, v)
         out = self.attention(q, index, meta, cache, self.scale)
-        return attn.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        return weights.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
-    def _mlp_block(self, layer, x):
-        mlp = layer.mlp
+    def _mlp_block(self, layer, weights, x):
         h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
-        return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        gate, up = weights.gate_up_proj.split(h)
+        return weights.down_proj(F.silu(gate) * up)
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :].float()

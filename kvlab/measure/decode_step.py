@@ -1,0 +1,122 @@
+"""One decode step against the model's bare forward: ``python -m kvlab.measure.decode_step``.
+
+A decode step computes one new token for each of ``B`` running sequences. Its floor is
+the model's own forward pass over ``B`` one-token rows with no cache at all (attention
+over a single key): the same matrix multiplies, nothing read back from memory. What a
+serving engine adds on top is the price of its KV cache: writing this step's K/V, reading
+every sequence's whole context back through the block table, attending to it. This
+benchmark times, in interleaved rounds at each batch size:
+
+    kvlab              ModelRunner.forward on a paged cache, SDPA backend: fused q|k|v and
+                       gate|up matrices, laid out for oneDNN where it applies
+    kvlab row-major    the same, the fused matrices kept row-major (``onednn=False``)
+    bare forward       transformers' model on (B, 1) input ids, ``use_cache=False``
+
+and prints milliseconds per step (the median of the rounds) and ``bare / kvlab``: 1.0
+means kvlab's step, context and all, costs what the bare forward costs.
+
+    python -m kvlab.measure.decode_step --threads 1
+    python -m kvlab.measure.decode_step --batch-sizes 32 64 --context 256
+
+Every sequence holds ``--context`` tokens before the timed step. Not handled: prefill
+steps, mixed steps, GPUs (the timings do not synchronize a CUDA device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.step import ForwardBatch
+from kvlab.model.loading import load_model
+from kvlab.model.runner import ModelRunner
+
+METHODS = ("kvlab", "kvlab row-major", "bare forward")
+
+
+def decode_step_times(
+    model, batch_size: int, context: int, rounds: int = 12, block_size: int = 16
+) -> dict[str, float]:
+    """Median seconds of one decode step of ``batch_size`` sequences, by method."""
+    runners = {
+        "kvlab": ModelRunner(model, attention="sdpa"),
+        "kvlab row-major": ModelRunner(model, attention="sdpa", onednn=False),
+    }
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    caches = {name: _filled_cache(runner, batch_size, context, block_size, generator)
+              for name, runner in runners.items()}  # fmt: skip
+    batch = ForwardBatch.build(
+        list(range(batch_size)), [context] * batch_size, [1] * batch_size
+    )  # the step's new token: position `context` of every sequence
+    input_ids = torch.randint(vocab, (batch_size,), generator=generator)
+
+    @torch.inference_mode()
+    def bare() -> None:
+        hidden = model.model(input_ids=input_ids[:, None], use_cache=False).last_hidden_state
+        model.lm_head(hidden[:, -1])
+
+    steps = {
+        name: _step(runner, input_ids, batch, caches[name]) for name, runner in runners.items()
+    }
+    steps["bare forward"] = bare
+    seconds: dict[str, list[float]] = {name: [] for name in METHODS}
+    for step in steps.values():
+        step()  # warm up
+    for _ in range(rounds):
+        for name in METHODS:
+            start = time.perf_counter()
+            steps[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in seconds.items()}
+
+
+def _filled_cache(runner, batch_size, context, block_size, generator) -> PagedKVCache:
+    """A paged cache holding ``context`` prompt tokens of each sequence, with room for one more."""
+    num_blocks = batch_size * (-(-(context + 1) // block_size))
+    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks, block_size=block_size)
+    prompt = torch.randint(runner.config.vocab_size, (batch_size * context,), generator=generator)
+    for seq_id in range(batch_size):
+        cache.allocate_slots(seq_id, context)
+    prefill = ForwardBatch.build(list(range(batch_size)), [0] * batch_size, [context] * batch_size)
+    runner.forward(prompt, prefill, cache)
+    for seq_id in range(batch_size):
+        cache.allocate_slots(seq_id, 1)
+    return cache
+
+
+def _step(runner, input_ids, batch, cache):
+    def step() -> None:
+        runner.forward(input_ids, batch, cache)  # writes the same slot again each round
+
+    return step
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m kvlab.measure.decode_step", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--context", type=int, default=128, help="tokens each sequence holds")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, _ = load_model(args.model, device="cpu")
+    print(f"{args.model}, float32, {torch.get_num_threads()} threads, {args.context} tokens of "
+          f"context per sequence; ms per decode step, median of {args.rounds} rounds")  # fmt: skip
+    print(f"{'batch':>5}" + "".join(f"{name:>17}" for name in METHODS) + f"{'bare / kvlab':>14}")
+    for batch_size in args.batch_sizes:
+        times = decode_step_times(model, batch_size, args.context, args.rounds)
+        cells = "".join(f"{times[name] * 1e3:>17.1f}" for name in METHODS)
+        print(f"{batch_size:>5}{cells}{times['bare forward'] / times['kvlab']:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The runner's fused, relaid matrices compute what the model's own layers compute.
+
+The oracle is each ``nn.Linear`` of the Hugging Face model, called on its own: the fused
+q|k|v and gate|up matrices, in either layout, must give the same outputs to float32
+rounding (a different order of additions), biases included (the Qwen2-style tiny model).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlab.cache.paged import PagedKVCache
+from kvlab.model.greedy import greedy_generate
+from kvlab.model.linear import FusedLinear, fused_weights
+from kvlab.model.loading import load_model
+from kvlab.model.runner import ModelRunner
+
+LAYOUTS = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("onednn", LAYOUTS)
+def test_fused_projections_equal_the_models_own(tiny, onednn):
+    layer = tiny.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    x = torch.randn(5, tiny.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    groups = [[attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj], [tiny.lm_head]]
+    with torch.no_grad():
+        for linears in groups:
+            fused = FusedLinear(linears, onednn)
+            assert fused.onednn is onednn
+            for ours, theirs in zip(fused.split(x), linears, strict=True):
+                torch.testing.assert_close(ours, theirs(x), atol=1e-5, rtol=1e-5)
+
+
+def test_each_layout_gives_the_same_tokens(tiny):
+    prompts = [list(range(3, 19)), list(range(40, 45))]
+    tokens = []
+    for onednn in [None, False]:
+        runner = ModelRunner(tiny, attention="sdpa", onednn=onednn)
+        cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=32, block_size=4)
+        tokens.append(greedy_generate(runner, cache, prompts, 12))
+    assert tokens[0] == tokens[1]
+
+
+def test_weights_are_fused_once_per_model_and_again_after_a_move():
+    model, _ = load_model("tiny", device="cpu")
+    first = ModelRunner(model).weights
+    assert ModelRunner(model, attention="sdpa").weights is first  # shared, not copied
+    assert fused_weights(model, onednn=False) is not first
+    model.to(torch.float64)
+    moved = ModelRunner(model).weights
+    assert moved.lm_head.weight.dtype == torch.float64 and not moved.onednn
+
+
+def test_onednn_where_it_cannot_apply_is_refused():
+    model, _ = load_model("tiny", device="cpu", dtype=torch.float64)
+    with pytest.raises(ValueError, match="onednn=True needs float32 weights on a CPU"):
+        FusedLinear([model.lm_head], onednn=True)
+
+
+def test_decode_step_benchmark_times_every_method():
+    from kvlab.measure.decode_step import METHODS, decode_step_times
+
+    model, _ = load_model("tiny", device="cpu")
+    times = decode_step_times(model, batch_size=3, context=9, rounds=2, block_size=4)
+    assert set(times) == set(METHODS) and all(t > 0 for t in times.values())
