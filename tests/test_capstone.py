@@ -98,3 +98,30 @@ def test_hf_padded_batches_match_hf_one_at_a_time(tiny, workload):
     padded = run_hf_static_padded(tiny, workload, batch_size=4)
     assert padded.outputs == run_hf_one_at_a_time(tiny, workload).outputs
     assert 0 < padded.kv_utilization < 1  # padding and finished rows waste slots
+
+
+def test_hf_baselines_ignore_eos_as_kvlab_and_vllm_do():
+    """Where EOS is the greedy choice, every HF baseline generates it and goes on, like
+    ``ignore_eos`` (``min_new_tokens`` would forbid it and pick another token)."""
+    import copy
+
+    import torch
+
+    from kvlab.engine.llm import LLM
+    from kvlab.measure.bench import (
+        Workload,
+        run_hf_one_at_a_time,
+        run_hf_static_padded,
+        timed_generate,
+    )
+    from kvlab.model.loading import load_model
+
+    model = copy.deepcopy(load_model("tiny", device="cpu")[0])  # its EOS id is 2
+    eos = model.generation_config.eos_token_id
+    with torch.no_grad():
+        model.lm_head.weight[eos] *= 10  # EOS becomes the greedy choice after a few tokens
+    workload = Workload([list(range(3, 12)), list(range(30, 37))], [12, 12])
+    _, ours = timed_generate(LLM(model, num_blocks=32, block_size=4), workload)
+    assert any(eos in tokens for tokens in ours)
+    assert run_hf_one_at_a_time(model, workload).outputs == ours
+    assert run_hf_static_padded(model, workload, batch_size=2).outputs == ours

@@ -28,6 +28,8 @@ reading the sampled tokens each step, like any engine that samples on the host).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -104,7 +106,8 @@ def run_hf_one_at_a_time(model, workload: Workload) -> Result:
         ids = torch.tensor([prompt], device=model.device)
         # An explicit mask: without one, generate masks every token equal to pad_token_id.
         mask = torch.ones_like(ids)
-        out = model.generate(ids, attention_mask=mask, generation_config=config)
+        with _eos_never_ends():
+            out = model.generate(ids, attention_mask=mask, generation_config=config)
         outputs.append(out[0, len(prompt) :].tolist())
     return Result("hf-one-at-a-time", time.perf_counter() - start, outputs, 1.0)
 
@@ -122,7 +125,8 @@ def run_hf_static_padded(model, workload: Workload, batch_size: int) -> Result:
         width, steps = max(map(len, prompts)), max(lens)
         ids, mask = left_pad(prompts, device=model.device)
         config = _hf_config(GenerationConfig, steps)
-        out = model.generate(ids, attention_mask=mask, generation_config=config)
+        with _eos_never_ends():
+            out = model.generate(ids, attention_mask=mask, generation_config=config)
         outputs += [row[:n] for row, n in zip(out[:, width:].tolist(), lens, strict=True)]
         # DynamicCache holds batch x (width + t) slots at step t; a row's useful tokens are
         # its prompt and its own outputs (padding and tokens past its length are waste).
@@ -137,7 +141,6 @@ def run_hf_generate_batch(model, workload: Workload, num_blocks: int, args) -> R
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = _hf_config(GenerationConfig, max(workload.output_lens))
-    config.eos_token_id = -1  # ignore EOS (transformers' manager wants an int here)
     cb_config = ContinuousBatchingConfig(
         page_size=args.block_size,
         num_blocks=num_blocks,
@@ -201,12 +204,28 @@ def timed_generate(llm, workload: Workload) -> tuple[float, list[list[int]]]:
 
 
 def _hf_config(generation_config_cls, max_new_tokens: int):
+    # EOS ignored as vLLM's ignore_eos does it: an EOS token may be generated, and generation
+    # goes on after it. (min_new_tokens would instead forbid EOS, a different greedy choice
+    # wherever EOS is the most likely token.) No token has id -1, so none ends a row.
     return generation_config_cls(
         max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,  # ignore EOS
+        eos_token_id=-1,
         do_sample=False,
         pad_token_id=0,
     )
+
+
+@contextlib.contextmanager
+def _eos_never_ends():
+    """Silence transformers' warning, on every call, that EOS id -1 never ends a row: the
+    point of ``_hf_config``."""
+    logger = logging.getLogger("transformers.generation.utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 # ---- report --------------------------------------------------------------------------------
