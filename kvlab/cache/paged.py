@@ -44,6 +44,7 @@ import torch
 
 from kvlab.cache.base import BlockInfo, PooledKVCache
 from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.manager import KVCacheManager
 from kvlab.cache.step import StepMetadata
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
@@ -69,6 +70,8 @@ class PagedKVCache(PooledKVCache):
         block_size: token slots per block, 1 to 256.
         dtype, device: of the K/V tensors; device defaults to CUDA when present.
         enable_prefix_caching: hash full blocks and let new prompts adopt cached ones.
+        manager: bookkeeping to use in place of a ``BlockManager`` (lab 03's build-it runs
+            a learner's this way); it must have this ``num_blocks`` and ``block_size``.
     """
 
     def __init__(
@@ -81,9 +84,17 @@ class PagedKVCache(PooledKVCache):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device | None = None,
         enable_prefix_caching: bool = True,
+        manager: KVCacheManager | None = None,
     ) -> None:
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        if manager is None:
+            manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        elif (manager.num_blocks, manager.block_size) != (num_blocks, block_size):
+            raise ValueError(
+                f"manager has num_blocks={manager.num_blocks}, block_size="
+                f"{manager.block_size}; the cache was asked for {num_blocks} and {block_size}"
+            )
+        self.manager = manager
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else default_device()
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)

@@ -11,8 +11,9 @@ follows the library. A wrong answer that matches a known mistake gets that mista
 hint; any other gets the exercise's general hint; ``None`` (the placeholder in the labs)
 gets a reminder to fill it in.
 
-Build-it exercises, where the learner writes the mechanism: ``build_arena`` (lab 02, a
-first-fit arena, graded criterion by criterion and then run inside the engine).
+Build-it exercises, where the learner writes the mechanism, graded criterion by criterion
+(``grading``) and then run inside the engine: ``build_arena`` (lab 02, a first-fit arena)
+and ``build_block_manager`` (lab 03, a paged block manager with fork and copy-on-write).
 
 Not handled: free-text answers, partial credit.
 """

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import inspect
 import random
-from dataclasses import dataclass
 
 from kvlab.cache.contiguous_arena import ContiguousArena, Range
 from kvlab.exercises.arena_grader import (
@@ -39,6 +38,7 @@ from kvlab.exercises.arena_grader import (
     shrink,
     valid_ops,
 )
+from kvlab.exercises.grading import Report, Verdict
 
 CRITERIA = {
     "written": "reserve, free and holes run (none raises NotImplementedError)",
@@ -60,53 +60,11 @@ HINTS = (
 )
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """One criterion's result.
-
-    Attributes:
-        criterion: a key of ``CRITERIA``.
-        passed: whether it held.
-        detail: what went wrong (the shortest operations that show it), or "".
-        misconception: what such a failure most often means, or "".
-    """
-
-    criterion: str
-    passed: bool
-    detail: str = ""
-    misconception: str = ""
+STUCK = "Stuck? hint_arena(1), then 2 and 3; reveal_arena() shows kvlab's own."
 
 
-@dataclass(frozen=True)
-class Report:
-    """Every criterion's verdict; shows as a checklist in a notebook."""
-
-    verdicts: list[Verdict]
-
-    @property
-    def score(self) -> int:
-        return sum(v.passed for v in self.verdicts)
-
-    @property
-    def passed(self) -> bool:
-        return self.score == len(CRITERIA)
-
-    def __repr__(self) -> str:
-        lines = [f"{self.score} of {len(CRITERIA)} criteria hold"]
-        graded = {v.criterion: v for v in self.verdicts}
-        for key, text in CRITERIA.items():
-            verdict = graded.get(key)
-            if verdict is None:
-                lines.append(f"  [ ] {text} (not checked yet: fix the first failure)")
-                continue
-            lines.append(f"  [{'x' if verdict.passed else '!'}] {text}")
-            if verdict.detail:
-                lines.append(f"      {verdict.detail}")
-            if verdict.misconception:
-                lines.append(f"      likely: {verdict.misconception}")
-        if not self.passed:
-            lines.append("Stuck? hint_arena(1), then 2 and 3; reveal_arena() shows kvlab's own.")
-        return "\n".join(lines)
+def _report(verdicts: list[Verdict]) -> Report:
+    return Report(verdicts, CRITERIA, STUCK)
 
 
 # ---- the check ----------------------------------------------------------------------------
@@ -135,12 +93,12 @@ def check_arena(
     except NotImplementedError as error:
         name = _missing_method(error)
         verdicts.append(Verdict("written", False, f"{name} is not written yet"))
-        return Report(verdicts)
+        return _report(verdicts)
     except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
         name = _missing_method(error)
         detail = f"{name} raised {type(error).__name__}: {error} (on a fresh arena: reserve(0, 4))"
         verdicts.append(Verdict("written", False, detail))
-        return Report(verdicts)
+        return _report(verdicts)
     verdicts.append(Verdict("written", True))
     rng = random.Random(seed)
     failures: dict[str, tuple[list[Op], str, str]] = {}
@@ -160,9 +118,9 @@ def check_arena(
         else:
             verdicts.append(Verdict(criterion, True))
     if failures:
-        return Report(verdicts)
+        return _report(verdicts)
     verdicts.append(check_generation(arena_class, model, prompts))
-    return Report(verdicts)
+    return _report(verdicts)
 
 
 def _missing_method(error: Exception) -> str:

@@ -1,0 +1,198 @@
+"""Lab 03's build-it in the real engine: a learner's block manager hands out every block.
+
+``check_generation`` serves SmolLM2 requests (one with two samples, so ``fork`` and
+copy-on-write run) twice, side by side: once through a ``PagedKVCache`` whose bookkeeping
+is the learner's manager (``LearnerBlockManager``, the engine's ``KVCacheManager``
+interface over it), once through kvlab's own ``BlockManager``. After every step, each
+sequence's K/V, read through its block table, must be the same in both; at the end, every
+token. A shared block written in place, or a block handed out while still held, shows at
+the step it happens.
+
+Not handled: prefix caching (``plan_admission`` finds nothing cached), swapping.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from kvlab.cache.manager import KVCacheManager, KVUsage, check_held
+from kvlab.exercises.grading import Verdict
+
+
+def check_generation(manager_class, model=None, prompts=None) -> Verdict:
+    """Serve prompts with the learner's manager handing out every block, against kvlab's."""
+    from kvlab.cache.paged import PagedKVCache
+    from kvlab.engine.llm_engine import LLMEngine
+    from kvlab.engine.sampling_params import SamplingParams
+    from kvlab.engine.scheduler_config import SchedulerConfig
+    from kvlab.model.loading import chat_prompt, load_model
+    from kvlab.model.runner import ModelRunner
+
+    tokenizer = None
+    if model is None:
+        model, tokenizer = load_model("smollm2-135m", device="cpu")
+    if prompts is None:
+        if tokenizer is None:
+            raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
+        questions = ["What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3."]
+        prompts = [chat_prompt(tokenizer, q) for q in questions]
+    runner = ModelRunner(model, attention="sdpa")
+    spec = runner.kv_spec()
+    # Two samples of the first prompt share its blocks (fork) until each writes its own
+    # first token into the shared, partly filled last block (copy-on-write).
+    params = [SamplingParams(n=2, temperature=0.8, seed=7, max_tokens=10)] + [
+        SamplingParams(temperature=0, max_tokens=10) for _ in prompts[1:]
+    ]
+    num_blocks = 64
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads fighting over two cores are many times slower
+    try:
+        engines = {}
+        for name in ("yours", "kvlab"):
+            manager = LearnerBlockManager(manager_class, num_blocks, 4) if name == "yours" else None
+            cache = PagedKVCache.from_spec(
+                spec,
+                num_blocks,
+                block_size=4,
+                device="cpu",
+                enable_prefix_caching=False,
+                manager=manager,
+            )
+            engines[name] = LLMEngine(runner, cache, SchedulerConfig(max_num_seqs=4))
+            for index, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
+                engines[name].add_request(str(index), prompt, param)
+        return _run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
+    except Exception as error:  # noqa: BLE001 - the learner's manager inside the engine
+        return Verdict(
+            "generation",
+            False,
+            f"the engine stopped: {type(error).__name__}: {error}",
+            "a method returned something the engine could not use",
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_side_by_side(yours, kvlab, num_requests: int) -> Verdict:
+    """Step both engines in turn; after each step every sequence's K/V must be kvlab's."""
+    finished: dict[str, dict] = {"yours": {}, "kvlab": {}}
+    step = 0
+    while kvlab.has_unfinished_requests():
+        step += 1
+        for name, engine in (("yours", yours), ("kvlab", kvlab)):
+            for out in engine.step():
+                if out.finished:
+                    finished[name][out.request_id] = [c.token_ids for c in out.outputs]
+        for seq_id in kvlab.kv.seq_ids():
+            mine, theirs = _context_kv(yours.cache, seq_id), _context_kv(kvlab.cache, seq_id)
+            if mine.shape != theirs.shape or not torch.allclose(mine, theirs):
+                return Verdict(
+                    "generation",
+                    False,
+                    f"after step {step}, the K/V that seq "
+                    f"{seq_id}'s block table points at differ from kvlab's",
+                    "two sequences wrote into the same slots: a shared block was "
+                    "written in place, or a block was handed out while someone "
+                    "still held it",
+                )
+    yours_out = [finished["yours"].get(str(i)) for i in range(num_requests)]
+    kvlab_out = [finished["kvlab"][str(i)] for i in range(num_requests)]
+    if yours_out != kvlab_out:
+        bad = [i for i, (a, b) in enumerate(zip(yours_out, kvlab_out, strict=True)) if a != b]
+        return Verdict(
+            "generation",
+            False,
+            f"requests {bad} came out different from kvlab's",
+            "the engine scheduled differently: compare free_blocks with kvlab's",
+        )
+    return Verdict(
+        "generation",
+        True,
+        f"{num_requests} requests, {num_requests + 1} samples, "
+        "every step's K/V and every token as with kvlab's BlockManager",
+    )
+
+
+def _context_kv(cache, seq_id: int) -> torch.Tensor:
+    """Layer 0's keys and values of ``seq_id``'s tokens, read through its block table."""
+    num_tokens = cache.manager.num_tokens(seq_id)
+    blocks = torch.tensor(cache.manager.block_table(seq_id), dtype=torch.long)
+    kv = cache.kv_caches[0][:, blocks].flatten(1, 2)  # (2, held slots, H_kv, D)
+    return kv[:, :num_tokens]
+
+
+class LearnerBlockManager(KVCacheManager):
+    """The engine's bookkeeping interface over a learner's block manager.
+
+    Every block the engine's sequences get comes from the learner's ``allocate_slots`` and
+    ``fork``, and goes back through their ``free``; this class only answers the engine's
+    questions from the learner's state (``block_tables``, ``num_tokens``, ``ref_cnt``,
+    ``free_blocks``), unchecked, so a wrong block corrupts K/V as it would in a real
+    engine. No prefix caching: ``plan_admission`` finds nothing cached.
+    """
+
+    def __init__(self, manager_class, num_blocks: int, block_size: int) -> None:
+        self.learner = manager_class(num_blocks, block_size)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.learner.free_blocks)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.learner.block_tables
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.learner.num_tokens[seq_id]
+
+    def seq_ids(self) -> list[int]:
+        return list(self.learner.block_tables)
+
+    def held_slots(self, seq_id: int) -> int:
+        return len(self.learner.block_tables[seq_id]) * self.block_size
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self.learner.block_tables[seq_id])
+
+    def usage(self) -> KVUsage:
+        # A walk over the held blocks (kvlab's BlockManager keeps counters instead).
+        tables, size = self.learner.block_tables, self.block_size
+        filled: Counter = Counter()
+        for seq_id, table in tables.items():
+            for index, block in enumerate(table):
+                in_block = min(size, self.learner.num_tokens[seq_id] - index * size)
+                filled[block] = max(filled[block], in_block)
+        return KVUsage(self.num_blocks * size, len(filled) * size, sum(filled.values()))
+
+    def block_tables(self, seq_ids: Sequence[int], seq_lens) -> np.ndarray:
+        held = np.array([self.learner.num_tokens[s] for s in seq_ids])
+        check_held(seq_ids, seq_lens, held)
+        width = max(1, int(-(-np.max(seq_lens, initial=0) // self.block_size)))
+        rows = np.zeros((len(seq_ids), width), dtype=np.int32)
+        for row, (seq_id, seq_len) in enumerate(zip(seq_ids, seq_lens, strict=True)):
+            blocks = self.learner.block_tables[seq_id][: -(-int(seq_len) // self.block_size)]
+            rows[row, : len(blocks)] = blocks
+        return rows
+
+    def plan_admission(self, token_ids, token_budget, max_tokens):
+        num_new = int(min(len(token_ids), token_budget))
+        return 0, num_new, self.blocks_for(num_new)
+
+    def add_sequence(self, seq_id: int, token_ids=(), max_tokens=None) -> int:
+        return 0  # the learner's allocate_slots starts an unknown seq_id
+
+    def allocate_slots(self, seq_id: int, num_new_tokens: int, token_ids=None):
+        return [tuple(pair) for pair in self.learner.allocate_slots(seq_id, num_new_tokens)]
+
+    def fork(self, parent_seq_id: int, child_seq_id: int):
+        self.learner.fork(parent_seq_id, child_seq_id)
+        return []
+
+    def free(self, seq_id: int) -> None:
+        if seq_id in self.learner.block_tables:  # a refused admission never started it
+            self.learner.free(seq_id)

@@ -1,0 +1,370 @@
+"""The grading engine of lab 03's build-it block manager: operations run on the learner's
+manager and on kvlab's ``BlockManager`` side by side, and a failure shrunk to its core.
+
+    first_difference(make, ops)   the first criterion a sequence of operations breaks, what
+                                  happened, and the misconception it most often means
+    random_ops(rng, n)            a seeded sequence of allocate_slots, fork and free
+    shrink(make, ops, criterion)  the fewest, smallest operations still breaking it
+
+The two managers may pick different physical blocks (any free block will do), so they are
+compared by what must agree (token counts, free-block counts, refusals, how many copies)
+and the learner's state is checked against the invariants of paged memory after every
+operation: each table is ``ceil(num_tokens / block_size)`` blocks long, a block's
+``ref_cnt`` is the number of tables holding it, the free list is exactly the blocks with
+``ref_cnt == 0``, and the block a step writes is held by nobody else.
+
+``kvlab.exercises.build_block_manager`` turns these into a report. Not handled: prefix
+caching (lab 06), swapping.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+from collections.abc import Callable
+
+from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.manager import CacheFullError
+
+NUM_BLOCKS = 12
+BLOCK_SIZE = 4
+Op = tuple  # ("allocate_slots", seq_id, n), ("fork", parent, child) or ("free", seq_id)
+
+
+# The criterion a learner's method stands for when it raises something unexpected.
+_CRITERION_OF = {
+    "allocate_slots": "grows",
+    "slot_mapping": "slot_mapping",
+    "free": "ref_cnt",
+    "fork": "fork",
+}
+
+
+class _LearnerError(Exception):
+    """The learner's method raised something other than CacheFullError."""
+
+    def __init__(self, method: str, message: str):
+        super().__init__(message)
+        self.method = method
+
+
+def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
+    """(criterion, what happened, misconception) of the first difference, or None."""
+    mine, ref = make(NUM_BLOCKS, BLOCK_SIZE), BlockManager(NUM_BLOCKS, BLOCK_SIZE, False)
+    for index, op in enumerate(ops):
+        where = f"operation {index + 1}, {show_op(op)}"
+        try:
+            failure = _one_op(mine, ref, op, where) or _invariants(mine, ref, where)
+        except _LearnerError as error:
+            return (
+                _CRITERION_OF[error.method],
+                f"{where}: {error}",
+                "only a pool too small for the request raises (CacheFullError, imported in "
+                "cell 1); any other error is a bug in the method it names",
+            )
+        if failure is not None:
+            return failure
+    return None
+
+
+def _call(name: str, method, *args):
+    try:
+        return method(*args)
+    except CacheFullError as error:
+        return error
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        raise _LearnerError(name, f"{name}() raised {type(error).__name__}: {error}") from error
+
+
+def _state(mine) -> tuple:
+    return copy.deepcopy((mine.block_tables, mine.num_tokens, mine.ref_cnt, mine.free_blocks))
+
+
+def _one_op(mine, ref, op: Op, where: str):
+    """Run ``op`` on both managers; the difference it shows, or None."""
+    if op[0] == "free":
+        ref.free(op[1])
+        _call("free", mine.free, op[1])
+        return None
+    if op[0] == "fork":
+        _, parent, child = op
+        ref.fork(parent, child)
+        free_before = len(mine.free_blocks)
+        _call("fork", mine.fork, parent, child)
+        tables = mine.block_tables
+        if child not in tables or tables[child] != tables.get(parent):
+            return (
+                "fork",
+                f"{where}: the child's block table is {tables.get(child)}, "
+                f"its parent's {tables.get(parent)}",
+                "the child starts with every block of its parent, in order",
+            )
+        if tables[child] is tables[parent]:
+            return (
+                "fork",
+                f"{where}: the child's block table is the parent's list itself",
+                "give the child a copy of the list: when one of them grows, the other must not",
+            )
+        if mine.num_tokens.get(child) != mine.num_tokens.get(parent):
+            return (
+                "fork",
+                f"{where}: the child holds {mine.num_tokens.get(child)} tokens, "
+                f"its parent {mine.num_tokens.get(parent)}",
+                "the child holds its parent's tokens (num_tokens too)",
+            )
+        if len(mine.free_blocks) != free_before:
+            return (
+                "fork",
+                f"{where}: {free_before - len(mine.free_blocks)} blocks taken",
+                "a fork shares blocks; it takes none (that is the point of ref_cnt)",
+            )
+        return None
+    return _allocate(mine, ref, op, where)
+
+
+def _allocate(mine, ref, op: Op, where: str):
+    _, seq_id, num_new = op
+    before = _state(mine)
+    old_table = list(mine.block_tables.get(seq_id, []))
+    num_old = mine.num_tokens.get(seq_id, 0)
+    expected = _call("allocate_slots", ref.allocate_slots, seq_id, num_new)
+    got = _call("allocate_slots", mine.allocate_slots, seq_id, num_new)
+    if isinstance(expected, CacheFullError) != isinstance(got, CacheFullError):
+        if isinstance(expected, CacheFullError):
+            why = (
+                "count every block the call needs (new ones, and a copy-on-write block) "
+                "against len(free_blocks) before taking any"
+            )
+            return (
+                "refuses",
+                f"{where}: succeeded, but only {ref.num_free_blocks} blocks are free",
+                why,
+            )
+        why = (
+            "only the blocks the new tokens need count: ceil((num_tokens + new) / "
+            "block_size) minus the blocks already held, plus one for a shared last block"
+        )
+        return "refuses", f"{where}: raised CacheFullError, but there was room", why
+    if isinstance(got, CacheFullError):
+        if _state(mine) != before:
+            return (
+                "refusal_changes_nothing",
+                f"{where}: raised CacheFullError after changing "
+                "the block tables, num_tokens, ref_cnt or free_blocks",
+                "check that the blocks are there first, then take them",
+            )
+        return None
+    return _check_copies(mine, op, num_old, old_table, got, len(expected), where)
+
+
+def _check_copies(mine, op: Op, num_old, old_table, got, num_expected, where):
+    _, seq_id, num_new = op
+    copies = [tuple(pair) for pair in (got or [])]
+    size = BLOCK_SIZE
+    if len(copies) != num_expected:
+        if num_expected:
+            why = (
+                "before writing into a partly filled block that another sequence holds, "
+                "take a fresh block, copy into it (return (old, new)) and put it in the table"
+            )
+        elif num_old % size == 0:
+            why = "a full shared last block needs no copy: the new tokens go into new blocks"
+        else:
+            why = "copy only a last block that someone else holds (ref_cnt > 1)"
+        return "copy_on_write", f"{where}: returned {copies}, expected {num_expected} copy", why
+    table = mine.block_tables.get(seq_id, [])
+    if copies:
+        (src, dst), last = copies[0], (num_old - 1) // size
+        if src != old_table[last] or len(table) <= last or table[last] != dst:
+            return (
+                "copy_on_write",
+                f"{where}: returned {copies}; block {last} of the table "
+                f"was {old_table[last]} and is now {table[last] if len(table) > last else None}",
+                "return (the shared block, its fresh copy), and the copy replaces the "
+                "shared block in this sequence's table",
+            )
+    written = {
+        table[pos // size] for pos in range(num_old, num_old + num_new) if pos // size < len(table)
+    }
+    shared = sorted(b for b in written if mine.ref_cnt[b] > 1)
+    if shared:
+        return (
+            "copy_on_write",
+            f"{where}: the new tokens go into block {shared[0]}, which "
+            f"{mine.ref_cnt[shared[0]]} sequences hold",
+            "a shared block is never written in place: copy it first",
+        )
+    return None
+
+
+def _invariants(mine, ref, where: str):
+    """The learner's state after an operation, against paged memory's invariants."""
+    size = BLOCK_SIZE
+    if set(mine.block_tables) != set(ref.seq_ids()):
+        return (
+            "grows",
+            f"after {where}: sequences {sorted(mine.block_tables)}, expected "
+            f"{sorted(ref.seq_ids())}",
+            "allocate_slots on an unknown seq_id starts it; free forgets it",
+        )
+    for seq_id, table in mine.block_tables.items():
+        num_tokens = mine.num_tokens.get(seq_id)
+        if num_tokens != ref.num_tokens(seq_id):
+            return (
+                "grows",
+                f"after {where}: seq {seq_id} holds {num_tokens} tokens, expected "
+                f"{ref.num_tokens(seq_id)}",
+                "num_tokens grows by num_new_tokens",
+            )
+        need = -(-num_tokens // size)
+        if len(table) != need:
+            why = (
+                "a sequence takes a new block only when its last one is full"
+                if len(table) > need
+                else "count the blocks for all its tokens, old and new: ceil(num_tokens / size)"
+            )
+            return (
+                "grows",
+                f"after {where}: seq {seq_id} holds {num_tokens} tokens in "
+                f"{len(table)} blocks {table}, expected {need}",
+                why,
+            )
+        failure = _check_slot_mapping(mine, seq_id, table, num_tokens, where)
+        if failure:
+            return failure
+    held = Counter(b for table in mine.block_tables.values() for b in table)
+    wrong = [b for b in range(NUM_BLOCKS) if mine.ref_cnt[b] != held[b]]
+    if wrong:
+        b = wrong[0]
+        why = (
+            "free must give back only blocks nobody else holds: subtract 1 from ref_cnt, "
+            "and free the block at 0"
+            if mine.ref_cnt[b] < held[b]
+            else "each table that holds a block adds 1 to its ref_cnt (fork too); free subtracts 1"
+        )
+        return (
+            "ref_cnt",
+            f"after {where}: block {b} has ref_cnt {mine.ref_cnt[b]}, but it is in "
+            f"{_count(held[b], 'block table')}",
+            why,
+        )
+    free = list(mine.free_blocks)
+    unheld = sorted(b for b in range(NUM_BLOCKS) if held[b] == 0)
+    if sorted(free) != unheld:
+        if len(set(free)) < len(free):
+            why = "a block went back to free_blocks twice"
+        elif set(free) & set(held):
+            why = "freed a block another sequence still holds"
+        else:
+            why = "free_blocks must hold exactly the blocks with ref_cnt 0"
+        return "ref_cnt", f"after {where}: free_blocks is {sorted(free)}, expected {unheld}", why
+    return None
+
+
+def _check_slot_mapping(mine, seq_id, table, num_tokens, where):
+    expected = [
+        table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE for pos in range(num_tokens)
+    ]
+    got = _call("slot_mapping", mine.slot_mapping, seq_id, 0, num_tokens)
+    got = None if got is None else list(got)
+    if got != expected:
+        why = "slot = block_table[pos // block_size] * block_size + pos % block_size"
+        if got == list(range(num_tokens)):
+            why = "a position's slot goes through the block table: " + why
+        return (
+            "slot_mapping",
+            f"after {where}: slot_mapping(seq {seq_id}, 0, {num_tokens}) "
+            f"= {got}, expected {expected} (block table {table})",
+            why,
+        )
+    if num_tokens > 1:
+        tail = _call("slot_mapping", mine.slot_mapping, seq_id, 1, num_tokens - 1)
+        if tail is None or list(tail) != expected[1:]:
+            return (
+                "slot_mapping",
+                f"after {where}: slot_mapping(seq {seq_id}, 1, "
+                f"{num_tokens - 1}) = {tail}, expected {expected[1:]}",
+                "start is the first position, num how many follow",
+            )
+    return None
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def show_op(op: Op) -> str:
+    if op[0] == "allocate_slots":
+        return f"allocate_slots(seq {op[1]}, {_count(op[2], 'token')})"
+    if op[0] == "fork":
+        return f"fork(seq {op[1]} -> seq {op[2]})"
+    return f"free(seq {op[1]})"
+
+
+# ---- random operations, and shrinking a failure -------------------------------------------
+
+
+def random_ops(rng: random.Random, length: int) -> list[Op]:
+    ops, live, next_id = [], [], 0
+    for _ in range(length):
+        roll = rng.random()
+        if live and roll < 0.15:
+            ops.append(("fork", rng.choice(live), next_id))
+            live.append(next_id)
+            next_id += 1
+        elif live and roll < 0.35:
+            ops.append(("free", live.pop(rng.randrange(len(live)))))
+        elif live and roll < 0.8:
+            ops.append(("allocate_slots", rng.choice(live), rng.choice([1, 1, 1, 2, 3, 5])))
+        else:
+            ops.append(("allocate_slots", next_id, rng.choice([1, 2, 3, 4, 5, 7, 9, 17])))
+            live.append(next_id)
+            next_id += 1
+    return ops
+
+
+def valid_ops(ops: list[Op]) -> list[Op]:
+    """Drop operations on sequences that hold nothing (after shrinking removed their start)."""
+    ref, kept = BlockManager(NUM_BLOCKS, BLOCK_SIZE, False), []
+    for op in ops:
+        if op[0] == "free":
+            if op[1] not in ref:
+                continue
+            ref.free(op[1])
+        elif op[0] == "fork":
+            if op[1] not in ref or op[2] in ref:
+                continue
+            ref.fork(op[1], op[2])
+        else:
+            try:
+                ref.allocate_slots(op[1], op[2])
+            except CacheFullError:
+                pass
+        kept.append(op)
+    return kept
+
+
+def shrink(make: Callable, ops: list[Op], criterion: str) -> list[Op]:
+    """The fewest and smallest operations that still fail ``criterion``: drop one or make
+    an allocation smaller, until no such change keeps the failure."""
+
+    def still_fails(candidate: list[Op]) -> bool:
+        failure = first_difference(make, candidate)
+        return failure is not None and failure[0] == criterion
+
+    shrunk = True
+    while shrunk:
+        shrunk = False
+        candidates = [valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops))]
+        candidates += [
+            ops[:i] + [("allocate_slots", op[1], n)] + ops[i + 1 :]
+            for i, op in enumerate(ops)
+            if op[0] == "allocate_slots"
+            for n in range(1, op[2])
+        ]
+        for candidate in candidates:
+            if still_fails(candidate):
+                ops, shrunk = candidate, True
+                break
+    return ops

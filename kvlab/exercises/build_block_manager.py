@@ -1,0 +1,178 @@
+"""Build it (lab 03): a paged block manager of your own, checked, then run inside the engine.
+
+The learner writes four methods of a block manager over ``num_blocks`` blocks of
+``block_size`` slots (the stub, with its state, is in lab 03):
+
+    allocate_slots(seq_id, n) -> copies   room for n more tokens: a new block only when
+                                          the last one is full; a shared, partly filled
+                                          last block is copied first (copy-on-write) and
+                                          [(old, new)] returned; CacheFullError (and no
+                                          change) when the free blocks are too few
+    slot_mapping(seq_id, start, num)      the slot of each position: table[pos // size] *
+                                          size + pos % size
+    fork(parent, child)                   the child shares every block (ref_cnt += 1)
+    free(seq_id)                          ref_cnt -= 1 on each block; at 0 it is free again
+
+``check_block_manager(MyBlockManager)`` grades it criterion by criterion. Seeded random
+sequences of those calls run on the learner's manager and on kvlab's ``BlockManager`` side
+by side; the learner's state is checked against the invariants of paged memory after every
+call, and the first failure is shrunk to the fewest calls that still show it, with the
+misconception it most often means. When every criterion holds, SmolLM2 serves requests
+(one of them with two samples, so ``fork`` and copy-on-write run for real) through a
+``PagedKVCache`` whose every block the learner's manager hands out, and the tokens must
+equal kvlab's own run.
+
+    hint_block_manager(1), (2), (3)   help in steps, from a nudge to the algorithm
+    reveal_block_manager()            kvlab's own methods
+
+Not handled: prefix caching (lab 06), swapping, partial credit within a criterion.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+
+from kvlab.cache.block_manager import BlockManager
+from kvlab.exercises.block_manager_engine import LearnerBlockManager, check_generation
+from kvlab.exercises.block_manager_grader import (
+    BLOCK_SIZE,
+    NUM_BLOCKS,
+    first_difference,
+    random_ops,
+    show_op,
+    shrink,
+    valid_ops,
+)
+from kvlab.exercises.grading import Report, Verdict
+
+__all__ = [
+    "CRITERIA",
+    "LearnerBlockManager",
+    "check_block_manager",
+    "check_generation",
+    "hint_block_manager",
+    "reveal_block_manager",
+]
+
+CRITERIA = {
+    "written": "allocate_slots, slot_mapping, fork and free run (none raises NotImplementedError)",
+    "grows": "a sequence holds ceil(num_tokens / block_size) blocks: a new one only when full",
+    "slot_mapping": "slot_mapping goes through the block table, position by position",
+    "ref_cnt": "ref_cnt counts the tables holding each block; free_blocks are those at 0",
+    "fork": "fork gives the child its parent's blocks, shared, taking none",
+    "copy_on_write": "a shared block is never written: a partly filled one is copied first",
+    "refuses": "allocate_slots raises CacheFullError exactly when too few blocks are free",
+    "refusal_changes_nothing": "a refused allocate_slots leaves every table and count as it was",
+    "generation": "real requests (one forked) through the engine give kvlab's tokens",
+}
+STUCK = "Stuck? hint_block_manager(1), then 2 and 3; reveal_block_manager() shows kvlab's own."
+
+HINTS = (
+    "A sequence's blocks are block_tables[seq_id]; it needs ceil(num_tokens / block_size) of "
+    "them. Work out how many new blocks a call needs (and whether it must copy) before you "
+    "take any: then a refusal changes nothing by construction.",
+    "Copy-on-write: if the sequence's last block is partly filled (num_tokens % block_size "
+    "!= 0) and ref_cnt[last] > 1, take a fresh block, put it in place of the last one, take "
+    "1 from ref_cnt[last], and return [(last, fresh)]. fork: copy the parent's list, add 1 "
+    "to ref_cnt of each block. free: take 1 from each block's ref_cnt; at 0 it goes back "
+    "to free_blocks.",
+    "allocate_slots(seq_id, n): table = block_tables.get(seq_id, []); held = num_tokens.get("
+    "seq_id, 0); copy = held % size and ref_cnt[table[-1]] > 1; new = ceil((held + n) / "
+    "size) - len(table); if new + copy > len(free_blocks): raise CacheFullError. Then copy "
+    "if needed, take the new blocks from free_blocks (ref_cnt = 1 each), store the table "
+    "and held + n. slot_mapping: [table[p // size] * size + p % size for p in range(start, "
+    "start + num)].",
+)
+
+
+def _report(verdicts: list[Verdict]) -> Report:
+    return Report(verdicts, CRITERIA, STUCK)
+
+
+def check_block_manager(
+    manager_class, model=None, num_sequences: int = 300, seed: int = 0, prompts=None
+) -> Report:
+    """Grade a learner's block manager (``manager_class(num_blocks, block_size)``).
+
+    Args:
+        manager_class: the class to grade.
+        model: a loaded model for the last criterion (default: SmolLM2-135M).
+        num_sequences: random call sequences tried (seeded: the same each time).
+        seed: the seed of those sequences.
+        prompts: token-id prompts for the generation (default: four chat prompts).
+    """
+    written = _check_written(manager_class)
+    if not written.passed:
+        return _report([written])
+    verdicts = [written]
+    rng = random.Random(seed)
+    failures: dict[str, str] = {}
+    misconceptions: dict[str, str] = {}
+    for _ in range(num_sequences):
+        ops = valid_ops(random_ops(rng, rng.randint(2, 20)))
+        failure = first_difference(manager_class, ops)
+        if failure is None or failure[0] in failures:
+            continue
+        small = shrink(manager_class, ops, failure[0])
+        _, detail, misconception = first_difference(manager_class, small)
+        steps = "; ".join(show_op(op) for op in small)
+        failures[failure[0]] = f"{detail} (shortest case: {steps})"
+        misconceptions[failure[0]] = misconception
+    for criterion in list(CRITERIA)[1:-1]:
+        if criterion in failures:
+            detail, why = failures[criterion], misconceptions[criterion]
+            verdicts.append(Verdict(criterion, False, detail, why))
+            return _report(verdicts)
+        verdicts.append(Verdict(criterion, True))
+    verdicts.append(check_generation(manager_class, model, prompts))
+    return _report(verdicts)
+
+
+def _check_written(manager_class) -> Verdict:
+    calls = (
+        ("allocate_slots", (0, 5)),
+        ("slot_mapping", (0, 0, 5)),
+        ("fork", (0, 1)),
+        ("free", (1,)),
+    )
+    try:
+        manager = manager_class(NUM_BLOCKS, BLOCK_SIZE)
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
+    for name, args in calls:
+        try:
+            getattr(manager, name)(*args)
+        except NotImplementedError:
+            return Verdict("written", False, f"{name}() is not written yet")
+        except Exception as error:  # noqa: BLE001
+            call = f"{name}{args}"
+            return Verdict(
+                "written",
+                False,
+                f"{call} raised {type(error).__name__}: {error} "
+                "(on a fresh manager, after allocate_slots(0, 5))",
+            )
+    return Verdict("written", True)
+
+
+def hint_block_manager(level: int = 1) -> str:
+    """Help in steps: 1 a nudge, 2 copy-on-write, fork and free, 3 the whole algorithm."""
+    if not 1 <= level <= len(HINTS):
+        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
+    return HINTS[level - 1]
+
+
+def reveal_block_manager() -> str:
+    """kvlab's own methods (``kvlab.cache.block_manager``; prefix caching is lab 06's)."""
+    return "\n".join(
+        inspect.getsource(method)
+        for method in (
+            BlockManager._allocate,
+            BlockManager._needs_copy,
+            BlockManager._copy_last_block,
+            BlockManager.slot_mapping,
+            BlockManager.fork,
+            BlockManager.free,
+        )
+    )

@@ -1,0 +1,276 @@
+"""Lab 03's build-it exercise: the grader passes a right block manager, gives an untouched
+stub nothing, and catches each planted defect with the criterion meant for it.
+
+The managers below are what learners write: four methods over the state the lab's stub
+sets up (``block_tables``, ``num_tokens``, ``ref_cnt``, ``free_blocks``). ``Right`` is
+written from scratch (not kvlab's code), and takes free blocks from the end of the list
+where kvlab takes the front, so the check is shown to accept an independent solution
+that picks other blocks; each planted defect changes one thing in it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.cache.manager import CacheFullError
+from kvlab.cache.paged import PagedKVCache
+from kvlab.exercises.build_block_manager import (
+    CRITERIA,
+    LearnerBlockManager,
+    check_block_manager,
+    check_generation,
+    hint_block_manager,
+    reveal_block_manager,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Stub:
+    """The lab's starting point: the state, no method written."""
+
+    def __init__(self, num_blocks, block_size):
+        self.block_size = block_size
+        self.ref_cnt = [0] * num_blocks
+        self.free_blocks = list(range(num_blocks))
+        self.block_tables = {}
+        self.num_tokens = {}
+
+    def allocate_slots(self, seq_id, num_new_tokens):
+        raise NotImplementedError
+
+    def slot_mapping(self, seq_id, start, num):
+        raise NotImplementedError
+
+    def fork(self, parent_seq_id, child_seq_id):
+        raise NotImplementedError
+
+    def free(self, seq_id):
+        raise NotImplementedError
+
+
+class Right(Stub):
+    def _take(self):
+        block = self.free_blocks.pop()
+        self.ref_cnt[block] = 1
+        return block
+
+    def _release(self, block):
+        self.ref_cnt[block] -= 1
+        if self.ref_cnt[block] == 0:
+            self.free_blocks.append(block)
+
+    def _needs_copy(self, table, held):
+        return held % self.block_size != 0 and self.ref_cnt[table[-1]] > 1
+
+    def allocate_slots(self, seq_id, num_new_tokens):
+        table = self.block_tables.get(seq_id, [])
+        held = self.num_tokens.get(seq_id, 0)
+        copy = self._needs_copy(table, held)
+        new = -(-(held + num_new_tokens) // self.block_size) - len(table)
+        if new + copy > len(self.free_blocks):
+            raise CacheFullError(f"seq {seq_id}: needs {new + copy} blocks")
+        copies = []
+        if copy:
+            fresh = self._take()
+            self._release(table[-1])
+            copies.append((table[-1], fresh))
+            table[-1] = fresh
+        table.extend(self._take() for _ in range(new))
+        self.block_tables[seq_id] = table
+        self.num_tokens[seq_id] = held + num_new_tokens
+        return copies
+
+    def slot_mapping(self, seq_id, start, num):
+        table, size = self.block_tables[seq_id], self.block_size
+        return [table[p // size] * size + p % size for p in range(start, start + num)]
+
+    def fork(self, parent_seq_id, child_seq_id):
+        table = self.block_tables[parent_seq_id]
+        for block in table:
+            self.ref_cnt[block] += 1
+        self.block_tables[child_seq_id] = list(table)
+        self.num_tokens[child_seq_id] = self.num_tokens[parent_seq_id]
+
+    def free(self, seq_id):
+        for block in self.block_tables.pop(seq_id):
+            self._release(block)
+        del self.num_tokens[seq_id]
+
+
+class BlockPerCall(Right):
+    """A new block on every call, full last block or not."""
+
+    def allocate_slots(self, seq_id, num_new_tokens):
+        copies = super().allocate_slots(seq_id, num_new_tokens)
+        if self.num_tokens[seq_id] % self.block_size and self.free_blocks:
+            self.block_tables[seq_id].append(self._take())
+        return copies
+
+
+class OnlyNewTokensCounted(Right):
+    """Blocks for the new tokens alone, as if the last block had no room left."""
+
+    def allocate_slots(self, seq_id, num_new_tokens):
+        table = self.block_tables.get(seq_id, [])
+        new = -(-num_new_tokens // self.block_size)
+        if new > len(self.free_blocks):
+            raise CacheFullError("full")
+        table.extend(self._take() for _ in range(new))
+        self.block_tables[seq_id] = table
+        self.num_tokens[seq_id] = self.num_tokens.get(seq_id, 0) + num_new_tokens
+        return []
+
+
+class SlotIsPosition(Right):
+    def slot_mapping(self, seq_id, start, num):
+        return list(range(start, start + num))
+
+
+class FreeIgnoresRefCnt(Right):
+    """Frees every block of the sequence, shared or not."""
+
+    def free(self, seq_id):
+        for block in self.block_tables.pop(seq_id):
+            self.ref_cnt[block] = 0
+            if block not in self.free_blocks:
+                self.free_blocks.append(block)
+        del self.num_tokens[seq_id]
+
+
+class ForkSharesTheList(Right):
+    def fork(self, parent_seq_id, child_seq_id):
+        super().fork(parent_seq_id, child_seq_id)
+        self.block_tables[child_seq_id] = self.block_tables[parent_seq_id]
+
+
+class ForkCopiesBlocks(Right):
+    """Gives the child fresh blocks instead of sharing."""
+
+    def fork(self, parent_seq_id, child_seq_id):
+        parent = self.block_tables[parent_seq_id]
+        self.block_tables[child_seq_id] = [self._take() for _ in parent]
+        self.num_tokens[child_seq_id] = self.num_tokens[parent_seq_id]
+
+
+class NoCopyOnWrite(Right):
+    def _needs_copy(self, table, held):
+        return False
+
+
+class CopiesFullBlocks(Right):
+    """Copies a shared last block even when it is full."""
+
+    def _needs_copy(self, table, held):
+        return bool(table) and self.ref_cnt[table[-1]] > 1
+
+
+class RefusesWhenExactlyEnough(Right):
+    """Off by one: refuses when the free blocks are exactly as many as it needs."""
+
+    def allocate_slots(self, seq_id, num_new_tokens):
+        table = self.block_tables.get(seq_id, [])
+        held = self.num_tokens.get(seq_id, 0)
+        new = -(-(held + num_new_tokens) // self.block_size) - len(table)
+        if new + self._needs_copy(table, held) >= len(self.free_blocks) > 0:
+            raise CacheFullError("full")
+        return super().allocate_slots(seq_id, num_new_tokens)
+
+
+class TakesThenChecks(Right):
+    """Takes blocks one by one and raises when the list runs dry, keeping what it took."""
+
+    def allocate_slots(self, seq_id, num_new_tokens):
+        table = self.block_tables.setdefault(seq_id, [])
+        held = self.num_tokens.get(seq_id, 0)
+        new = -(-(held + num_new_tokens) // self.block_size) - len(table)
+        copies = []
+        if self._needs_copy(table, held):
+            if not self.free_blocks:
+                raise CacheFullError("full")
+            fresh = self._take()
+            self._release(table[-1])
+            copies.append((table[-1], fresh))
+            table[-1] = fresh
+        for _ in range(new):
+            if not self.free_blocks:
+                raise CacheFullError("full")
+            table.append(self._take())
+        self.num_tokens[seq_id] = held + num_new_tokens
+        return copies
+
+
+class RaisesValueError(Right):
+    def allocate_slots(self, seq_id, num_new_tokens):
+        try:
+            return super().allocate_slots(seq_id, num_new_tokens)
+        except CacheFullError:
+            raise ValueError("no room") from None
+
+
+PLANTED = [
+    (BlockPerCall, "grows"),
+    (OnlyNewTokensCounted, "grows"),
+    (SlotIsPosition, "slot_mapping"),
+    (FreeIgnoresRefCnt, "ref_cnt"),
+    (ForkSharesTheList, "fork"),
+    (ForkCopiesBlocks, "fork"),
+    (NoCopyOnWrite, "copy_on_write"),
+    (CopiesFullBlocks, "copy_on_write"),
+    (RefusesWhenExactlyEnough, "refuses"),
+    (TakesThenChecks, "refusal_changes_nothing"),
+    (RaisesValueError, "grows"),
+]
+
+
+def verdicts(report):
+    return {v.criterion: v for v in report.verdicts}
+
+
+def test_the_stub_scores_nothing():
+    report = check_block_manager(Stub)
+    assert report.score == 0
+    assert "allocate_slots() is not written yet" in verdicts(report)["written"].detail
+
+
+@pytest.mark.parametrize(("planted", "criterion"), PLANTED, ids=lambda x: getattr(x, "__name__", x))
+def test_each_planted_defect_fails_its_criterion(planted, criterion):
+    report = check_block_manager(planted, num_sequences=200)
+    failed = [v for v in report.verdicts if not v.passed]
+    assert [v.criterion for v in failed] == [criterion], repr(report)
+    assert failed[0].misconception and "shortest case" in failed[0].detail
+    assert not report.passed
+
+
+def test_a_right_manager_passes_every_property(monkeypatch):
+    import kvlab.exercises.build_block_manager as build
+
+    monkeypatch.setattr(build, "check_generation", lambda *a: build.Verdict("generation", True))
+    report = check_block_manager(Right)
+    assert report.passed, repr(report)
+    assert report.score == len(CRITERIA)
+
+
+def test_a_right_manager_serves_real_requests(tiny):
+    prompts = [list(range(3, 17)), list(range(20, 27)), list(range(30, 45)), [5, 6, 7]]
+    verdict = check_generation(Right, tiny, prompts)
+    assert verdict.passed, verdict
+
+
+def test_a_manager_that_writes_shared_blocks_corrupts_generation(tiny):
+    prompts = [list(range(3, 17)), list(range(20, 27)), list(range(30, 45)), [5, 6, 7]]
+    verdict = check_generation(NoCopyOnWrite, tiny, prompts)
+    assert not verdict.passed and "differ from kvlab's" in verdict.detail
+
+
+def test_the_cache_refuses_a_manager_of_another_shape():
+    manager = LearnerBlockManager(Right, 8, 4)
+    with pytest.raises(ValueError, match="manager has num_blocks=8, block_size=4"):
+        PagedKVCache(1, 1, 4, num_blocks=16, block_size=4, device="cpu", manager=manager)
+
+
+def test_help_comes_in_steps():
+    assert hint_block_manager(1) != hint_block_manager(3)
+    with pytest.raises(ValueError, match="level=4 is not allowed: use 1 to 3"):
+        hint_block_manager(4)
+    assert "def _copy_last_block" in reveal_block_manager()
