@@ -15,10 +15,14 @@ Build-it exercises, where the learner writes the mechanism, graded criterion by 
 (``grading``) and then run inside the engine: ``build_arena`` (lab 02, a first-fit arena)
 and ``build_block_manager`` (lab 03, a paged block manager with fork and copy-on-write).
 
+Predict, then run: ``reveal(prediction, measured, unit=..., why=...)`` (``predict``) shows
+a learner's guess beside what the experiment measured.
+
 Not handled: free-text answers, partial credit.
 """
 
 from kvlab.exercises import lab01, lab02, lab03, lab04  # noqa: F401 (each registers its own)
 from kvlab.exercises.base import EXERCISES, Exercise, Feedback, Mistake, check, question
+from kvlab.exercises.predict import reveal
 
-__all__ = ["EXERCISES", "Exercise", "Feedback", "Mistake", "check", "question"]
+__all__ = ["EXERCISES", "Exercise", "Feedback", "Mistake", "check", "question", "reveal"]
