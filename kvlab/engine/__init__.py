@@ -9,6 +9,7 @@ scheduler         who runs each step: static, dynamic, continuous; preemption
 scheduler_output  SchedulerOutput: one step's plan
 scheduler_swap    the scheduler's swap half: swap out, swap in, prefetch
 llm_engine        LLMEngine.step: admit, allocate, compute, sample, free
+intake            what LLMEngine.add_request checks before a request is queued
 model_free        a stand-in for the model, for the engine's own loop at any scale
 llm               LLM: generate() for offline use, vLLM's names
 outputs, metrics  what a step and a run return; TTFT, TPOT, throughput, StepStats

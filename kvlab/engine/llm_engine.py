@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import operator
 from collections.abc import Callable, Sequence
 
@@ -36,6 +35,7 @@ from kvlab.cache.base import PooledKVCache
 from kvlab.cache.manager import CacheFullError
 from kvlab.cache.step import ForwardBatch
 from kvlab.cache.swap import SwapSpace
+from kvlab.engine.intake import check_fits, check_priority, checked_arrival, prompt_token_ids
 from kvlab.engine.metrics import RequestMetrics, RunMetrics, StepStats, WallClock
 from kvlab.engine.outputs import CompletionOutput, RequestOutput
 from kvlab.engine.request import Request, RequestStatus
@@ -140,24 +140,16 @@ class LLMEngine:
             raise ValueError(
                 f"sampling_params={params!r} is not allowed: use a kvlab.SamplingParams"
             )
-        prompt_token_ids = self._prompt_token_ids(request_id, prompt)
-        self._check_fits(request_id, prompt_token_ids, params)
-        now = self.clock.now()
-        arrival = now if arrival_time is None else arrival_time
-        if (
-            isinstance(arrival, bool)
-            or not isinstance(arrival, int | float)
-            or not math.isfinite(arrival)
-        ):
-            raise ValueError(f"arrival_time={arrival_time!r} is not allowed: use seconds (finite)")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority={priority!r} is not allowed: use an int (lower runs first)")
+        ids = prompt_token_ids(request_id, prompt, self.tokenizer, self.vocab_size)
+        check_fits(request_id, ids, params, self.kv, self.max_model_len)
+        arrival = checked_arrival(arrival_time, self.clock.now())
+        check_priority(priority)
         request = Request(
             request_id=request_id,
             seq_id=next(self._seq_ids),
-            prompt_token_ids=prompt_token_ids,
+            prompt_token_ids=ids,
             sampling_params=params,
-            arrival_time=float(arrival),
+            arrival_time=arrival,
             priority=priority,
             eos_token_id=self.eos_token_id,
             max_model_len=self.max_model_len,
@@ -411,49 +403,6 @@ class LLMEngine:
             self.on_step(stats)
 
     # ---- checks and helpers --------------------------------------------------------------
-
-    def _prompt_token_ids(self, request_id: str, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(
-                    f"request {request_id!r}: a text prompt needs a tokenizer, and this model "
-                    "has none: pass token ids (a list of ints)"
-                )
-            prompt = self.tokenizer(prompt)["input_ids"]
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        try:
-            ids = list(prompt)
-        except TypeError:
-            raise ValueError(
-                f"request {request_id!r}: prompt={prompt!r} is not allowed: use a string or "
-                "a list of token ids"
-            ) from None
-        if not ids:
-            raise ValueError(f"request {request_id!r}: the prompt is empty; give at least 1 token")
-        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
-        bad += [t for t in ids if isinstance(t, int) and not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"request {request_id!r}: token id {bad[0]!r} is not allowed: use ints in "
-                f"[0, {self.vocab_size}) (the model's vocab_size)"
-            )
-        return ids
-
-    def _check_fits(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
-        """Refuse a request that could never run, even alone: too long, or too big for KV."""
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"request {request_id!r}: the prompt has {len(prompt)} tokens; the model's "
-                f"context (max_model_len) is {self.max_model_len}, so a prompt may have at "
-                f"most {self.max_model_len - 1} (one output token must fit)"
-            )
-        reason = self.kv.check_request(len(prompt), params.max_tokens, self.max_model_len)
-        if reason is not None:
-            raise ValueError(
-                f"request {request_id!r}: {reason}: lower max_tokens or give the engine more "
-                "KV memory"
-            )
 
     def _draw_seed(self) -> int:
         """A seed for a sampled request that brings none (reproducible from the engine's)."""
