@@ -136,16 +136,25 @@ def run_hf_static_padded(model, workload: Workload, batch_size: int) -> Result:
     return Result("hf-static-padded", time.perf_counter() - start, outputs, used / held)
 
 
-def run_hf_generate_batch(model, workload: Workload, num_blocks: int, args) -> Result:
-    """transformers' continuous batching, sized like kvlab (same blocks, seats, budget)."""
+def run_hf_generate_batch(
+    model,
+    workload: Workload,
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> Result:
+    """transformers' continuous batching (``generate_batch``'s manager), sized like kvlab:
+    the same KV blocks of ``block_size`` tokens, seats and token budget per step."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = _hf_config(GenerationConfig, max(workload.output_lens))
     cb_config = ContinuousBatchingConfig(
-        page_size=args.block_size,
+        page_size=block_size,
         num_blocks=num_blocks,
-        max_batch_tokens=args.max_num_batched_tokens,
-        max_requests_per_batch=args.max_num_seqs,
+        max_batch_tokens=max_num_batched_tokens,
+        max_requests_per_batch=max_num_seqs,
     )
     results = {}
     start = time.perf_counter()
@@ -292,7 +301,14 @@ def run_end_to_end(args) -> None:
     methods: dict[str, Callable[[], Result]] = {
         "hf-one-at-a-time": lambda: run_hf_one_at_a_time(model, workload),
         "hf-static-padded": lambda: run_hf_static_padded(model, workload, args.max_num_seqs),
-        "hf-generate-batch": lambda: run_hf_generate_batch(model, workload, num_blocks, args),
+        "hf-generate-batch": lambda: run_hf_generate_batch(
+            model,
+            workload,
+            num_blocks=num_blocks,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        ),
         "kvlab-static": lambda: run_kvlab(model, workload, "static", num_blocks, args),
         "kvlab-dynamic": lambda: run_kvlab(model, workload, "dynamic", num_blocks, args),
         "kvlab-continuous": lambda: run_kvlab(model, workload, "continuous", num_blocks, args),
