@@ -42,7 +42,7 @@ from kvlab.cache.manager import (
     KVUsage,
     check_held,
 )
-from kvlab.cache.prefix_cache import hash_full_blocks, match_prefix
+from kvlab.cache.prefix_cache import hash_full_blocks
 
 MAX_BLOCK_SIZE = 256
 
@@ -72,17 +72,30 @@ class BlockManager(KVCacheManager):
         num_blocks: physical blocks in the pool.
         block_size: token slots per block, 1 to 256.
         enable_prefix_caching: hash full blocks and let new prompts adopt cached ones.
+        pool: the blocks to take from, in place of a new ``BlockPool(num_blocks)`` (lab 06's
+            build-it passes the learner's); it must hold ``num_blocks`` blocks, all free.
 
     Attributes:
         rows: every live sequence's block table as a row of one int32 array.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        pool: BlockPool | None = None,
+    ):
         if not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
             raise ValueError(
                 f"block_size must be an int from 1 to {MAX_BLOCK_SIZE}, got {block_size!r}"
             )
-        self.pool = BlockPool(num_blocks)
+        if pool is not None and (pool.num_blocks, pool.num_free_blocks) != (num_blocks,) * 2:
+            raise ValueError(
+                f"pool has {pool.num_blocks} blocks, {pool.num_free_blocks} free; the manager "
+                f"needs num_blocks={num_blocks}, all free"
+            )
+        self.pool = pool if pool is not None else BlockPool(num_blocks)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -151,7 +164,7 @@ class BlockManager(KVCacheManager):
 
     def lookup_prefix(self, token_ids: Sequence[int]) -> list[int]:
         """The cached blocks of the longest full-block prefix of ``token_ids``; changes nothing
-        (``kvlab.cache.prefix_cache.match_prefix``)."""
+        (``BlockPool.match_prefix``)."""
         blocks, _ = self._match_prefix(token_ids)
         return blocks
 
@@ -351,7 +364,7 @@ class BlockManager(KVCacheManager):
     def _match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
         if not self.enable_prefix_caching:
             return [], []
-        return match_prefix(self.pool, self.block_size, token_ids)
+        return self.pool.match_prefix(self.block_size, token_ids)
 
     def _record_token_ids(self, seq: SequenceBlocks, token_ids: Sequence[int] | None) -> None:
         """Remember the new ids and hash (and cache) every block they complete."""

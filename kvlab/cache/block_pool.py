@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from kvlab.cache.manager import CacheFullError
+from kvlab.cache.prefix_cache import match_prefix
 
 
 class BlockPool:
@@ -108,6 +109,11 @@ class BlockPool:
             if self.ref_cnt[block_id] <= 0:
                 raise ValueError(f"block {block_id} is not held, so it cannot be shared")
             self.ref_cnt[block_id] += 1
+
+    def match_prefix(self, block_size: int, token_ids) -> tuple[list[int], list[int]]:
+        """The cached blocks of the longest full-block prefix of ``token_ids``, and their
+        hashes; changes nothing (``kvlab.cache.prefix_cache.match_prefix``)."""
+        return match_prefix(self, block_size, token_ids)
 
     def lookup(self, block_hash: int) -> int | None:
         """The block whose contents have this hash, or None; changes nothing."""

@@ -22,8 +22,10 @@ Not handled: extra hash keys (LoRA adapters, images), partial-block hits, hash c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from kvlab.cache.block_pool import BlockPool
+if TYPE_CHECKING:  # the pool calls match_prefix; this module only reads the pool
+    from kvlab.cache.block_pool import BlockPool
 
 ROOT_HASH = 0
 """The parent hash of a sequence's first block (a fixed int, so hashes repeat across runs)."""

@@ -65,7 +65,7 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
             engines[name] = LLMEngine(runner, cache, SchedulerConfig(max_num_seqs=4))
             for index, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
                 engines[name].add_request(str(index), prompt, param)
-        return _run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
+        failure = run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
     except Exception as error:  # noqa: BLE001 - the learner's manager inside the engine
         return Verdict(
             "generation",
@@ -75,10 +75,20 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
         )
     finally:
         torch.set_num_threads(threads)
+    return failure or Verdict(
+        "generation",
+        True,
+        f"{len(prompts)} requests, {len(prompts) + 1} samples, every step's K/V and every "
+        "token as with kvlab's BlockManager",
+    )
 
 
-def _run_side_by_side(yours, kvlab, num_requests: int) -> Verdict:
-    """Step both engines in turn; after each step every sequence's K/V must be kvlab's."""
+def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:
+    """Step both engines in turn; after each step every sequence's K/V must be kvlab's, and
+    at the end every request's tokens. The failed verdict, or None when all agree.
+
+    Requests are named "0", "1", ... ``num_requests - 1`` in both engines.
+    """
     finished: dict[str, dict] = {"yours": {}, "kvlab": {}}
     step = 0
     while kvlab.has_unfinished_requests():
@@ -109,12 +119,7 @@ def _run_side_by_side(yours, kvlab, num_requests: int) -> Verdict:
             f"requests {bad} came out different from kvlab's",
             "the engine scheduled differently: compare free_blocks with kvlab's",
         )
-    return Verdict(
-        "generation",
-        True,
-        f"{num_requests} requests, {num_requests + 1} samples, "
-        "every step's K/V and every token as with kvlab's BlockManager",
-    )
+    return None
 
 
 def _context_kv(cache, seq_id: int) -> torch.Tensor:

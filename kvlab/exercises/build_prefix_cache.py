@@ -1,0 +1,181 @@
+"""Build it (lab 06): a block pool with a prefix cache of your own, checked, then run inside
+the engine.
+
+The learner writes five methods of a block pool (the stub, with its state, is in lab 06):
+
+    allocate(num) -> block_ids        from the front of free_queue (least recently freed
+                                      first), ref_cnt 1 each; a cached block handed out is
+                                      evicted (its hash forgotten); CacheFullError and no
+                                      change when fewer than num are free
+    free(block_ids)                   ref_cnt - 1 each; at 0 a block joins the back of
+                                      free_queue and keeps its hash
+    cache(block_id, block_hash)       a full block becomes findable, unless another block
+                                      already serves that hash
+    take_cached(block_id)             a prefix hit: ref_cnt + 1; a free block leaves the queue
+    match_prefix(block_size, ids)     the chained hashes of the prompt's full blocks, walked
+                                      until the first the cache lacks, never the block of the
+                                      prompt's last token: (block_ids, block_hashes)
+
+``check_prefix_cache(MyBlockPool)`` grades it criterion by criterion. Seeded requests whose
+prompts share prefixes go through a ``BlockManager`` that takes its blocks from the
+learner's pool and through one on kvlab's ``BlockPool``, side by side; after every request
+the pools must agree on every ``ref_cnt``, the free queue's order, every ``block_hash`` and
+the tokens each prompt found cached. The first failure is shrunk and comes with its likely
+misconception. Last, SmolLM2 serves requests with one system prompt through the engine,
+prefix caching on, with the learner's pool inside: every step's K/V and every token must
+equal kvlab's, and so must the prompt tokens the cache served.
+
+    hint_prefix_cache(1), (2), (3)    help in steps
+    reveal_prefix_cache()             kvlab's own methods
+
+Not handled: hash collisions, partial-block hits, partial credit within a criterion.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+
+from kvlab.cache.block_pool import BlockPool
+from kvlab.cache.prefix_cache import match_prefix
+from kvlab.exercises.grading import Report, Verdict
+from kvlab.exercises.learner_pool import LearnerPool
+from kvlab.exercises.prefix_cache_engine import check_generation
+from kvlab.exercises.prefix_cache_grader import (
+    check_gap,
+    check_refusal,
+    first_difference,
+    random_ops,
+    show_op,
+    shrink,
+    valid_ops,
+)
+
+CRITERIA = {
+    "written": "allocate, free, cache, take_cached and match_prefix run (none raises "
+    "NotImplementedError)",
+    "ref_cnt": "ref_cnt counts holders: allocate 1, a prefix hit + 1, free - 1",
+    "lru": "free_queue is least recently freed first: allocate from the front, free to the back",
+    "cache": "a freed block keeps its hash until allocate reuses it; one block per hash",
+    "match_prefix": "match_prefix finds the longest chained-hash prefix, short of the last token",
+    "refuses": "allocate raises CacheFullError when too few blocks are free, changing nothing",
+    "generation": "requests sharing a system prompt, through the engine, hit as kvlab's do",
+}
+STUCK = "Stuck? hint_prefix_cache(1), then 2 and 3; reveal_prefix_cache() shows kvlab's own."
+HINTS = (
+    "free_queue is an OrderedDict used as a queue: popitem(last=False) takes the front, "
+    "free_queue[b] = None puts b at the back, del free_queue[b] takes b out of the middle "
+    "(a hit on a free block). cached maps block_hash -> block_id; block_hash[b] is the other "
+    "direction.",
+    "allocate: for each block taken from the front, if block_hash[b] is not None, delete "
+    "cached[block_hash[b]] and set block_hash[b] = None (eviction), then ref_cnt[b] = 1. "
+    "free: ref_cnt[b] -= 1, and at 0 free_queue[b] = None; keep the hash. take_cached: if "
+    "ref_cnt[b] == 0, del free_queue[b]; then ref_cnt[b] += 1.",
+    "match_prefix: parent = ROOT_HASH; for start in range(0, len(ids) - block_size, "
+    "block_size): parent = hash_block_tokens(parent, ids[start:start + block_size]); block = "
+    "cached.get(parent); stop if None, else keep (block, parent). The range stops before the "
+    "block of the last token. cache: if the hash is already in cached, or the block already "
+    "has a hash, change nothing.",
+)
+
+
+def _report(verdicts: list[Verdict]) -> Report:
+    return Report(verdicts, CRITERIA, STUCK)
+
+
+def check_prefix_cache(
+    pool_class, model=None, num_sequences: int = 300, seed: int = 0, tokenizer=None
+) -> Report:
+    """Grade a learner's block pool (``pool_class(num_blocks)``; see the module docstring).
+
+    Args:
+        pool_class: the class to grade.
+        model, tokenizer: for the last criterion (default: SmolLM2-135M and its tokenizer).
+        num_sequences: random request sequences tried (seeded: the same each time).
+        seed: the seed of those sequences.
+    """
+    written = _check_written(pool_class)
+    if not written.passed:
+        return _report([written])
+    verdicts = [written]
+    rng = random.Random(seed)
+    failures: dict[str, tuple[str, str]] = {}
+    for _ in range(num_sequences):
+        ops = valid_ops(random_ops(rng, rng.randint(2, 16)))
+        failure = first_difference(pool_class, ops)
+        if failure is None or failure[0] in failures:
+            continue
+        small = shrink(pool_class, ops, failure[0])
+        _, detail, misconception = first_difference(pool_class, small)
+        steps = "; ".join(show_op(op) for op in small)
+        failures[failure[0]] = (f"{detail} (shortest case: {steps})", misconception)
+    for probe in (check_gap, check_refusal):
+        failure = probe(pool_class)
+        if failure is not None:
+            failures.setdefault(failure[0], failure[1:])
+    for criterion in list(CRITERIA)[1:-1]:
+        if criterion in failures:
+            detail, why = failures[criterion]
+            verdicts.append(Verdict(criterion, False, detail, why))
+            return _report(verdicts)
+        verdicts.append(Verdict(criterion, True))
+    verdicts.append(check_generation(pool_class, model, tokenizer))
+    return _report(verdicts)
+
+
+def _check_written(pool_class) -> Verdict:
+    try:
+        pool = pool_class(8)
+        steps = [
+            ("allocate", lambda: pool.allocate(2)),
+            ("cache", lambda: pool.cache(0, 123)),
+            ("free", lambda: pool.free([1, 0])),
+            ("match_prefix", lambda: pool.match_prefix(2, [1, 2, 3])),
+            ("take_cached", lambda: pool.take_cached(0)),
+        ]
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
+    for name, step in steps:
+        try:
+            step()
+        except NotImplementedError:
+            return Verdict("written", False, f"{name}() is not written yet")
+        except Exception as error:  # noqa: BLE001
+            return Verdict(
+                "written",
+                False,
+                f"{name}() raised {type(error).__name__}: {error} "
+                "(on a fresh pool of 8 blocks: allocate(2), cache(0, 123), "
+                "free([1, 0]), match_prefix(2, [1, 2, 3]), take_cached(0))",
+            )
+    return Verdict("written", True)
+
+
+def hint_prefix_cache(level: int = 1) -> str:
+    """Help in steps: 1 the data structures, 2 allocate, free and a hit, 3 the prefix walk."""
+    if not 1 <= level <= len(HINTS):
+        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
+    return HINTS[level - 1]
+
+
+def reveal_prefix_cache() -> str:
+    """kvlab's own methods (``kvlab.cache.block_pool`` and ``kvlab.cache.prefix_cache``)."""
+    methods = (
+        BlockPool.allocate,
+        BlockPool.free,
+        BlockPool.cache,
+        BlockPool.take_cached,
+        BlockPool._evict,
+        match_prefix,
+    )
+    return "\n".join(inspect.getsource(method) for method in methods)
+
+
+__all__ = [
+    "CRITERIA",
+    "LearnerPool",
+    "check_generation",
+    "check_prefix_cache",
+    "hint_prefix_cache",
+    "reveal_prefix_cache",
+]

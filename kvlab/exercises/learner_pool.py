@@ -1,0 +1,93 @@
+"""A learner's block pool behind the interface ``BlockManager`` reads (lab 06's build-it).
+
+``LearnerPool`` forwards every change to the learner's methods and answers every question
+from the learner's state, unchecked: a wrong answer misleads the manager exactly as a
+wrong ``BlockPool`` would. ``call`` runs one learner method and tells a ``CacheFullError``
+(allowed) from any other error (a bug in that method).
+
+Not handled: a pool without the stub's four attributes (``ref_cnt``, ``block_hash``,
+``free_queue``, ``cached``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvlab.cache.manager import CacheFullError
+
+
+class LearnerError(Exception):
+    """A learner's method raised something other than CacheFullError; ``method`` names it."""
+
+    def __init__(self, method: str, message: str):
+        super().__init__(message)
+        self.method = method
+
+
+def call(name: str, method, *args):
+    """``method(*args)``; a CacheFullError passes through, any other error is a LearnerError."""
+    try:
+        return method(*args)
+    except CacheFullError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        raise LearnerError(name, f"{name}() raised {type(error).__name__}: {error}") from error
+
+
+class LearnerPool:
+    """The interface ``BlockManager`` reads from its pool, over a learner's pool.
+
+    Every change goes to the learner's methods; every question is answered from the
+    learner's state (``ref_cnt``, ``block_hash``, ``free_queue``, ``cached``), unchecked.
+    ``share`` (a fork adds a holder) is kvlab's: the exercise is the prefix cache.
+    """
+
+    def __init__(self, learner) -> None:
+        self.learner = learner
+        self.num_blocks = len(learner.ref_cnt)
+
+    @property
+    def ref_cnt(self) -> list[int]:
+        return self.learner.ref_cnt
+
+    @property
+    def block_hash(self) -> list[int | None]:
+        return self.learner.block_hash
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.learner.free_queue)
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(1 for n in self.learner.ref_cnt if n > 0)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.learner.cached)
+
+    def free_block_ids(self) -> list[int]:
+        return list(self.learner.free_queue)
+
+    def allocate(self, num: int) -> list[int]:
+        return list(call("allocate", self.learner.allocate, num))
+
+    def free(self, block_ids) -> None:
+        call("free", self.learner.free, list(block_ids))
+
+    def share(self, block_ids) -> None:
+        for block_id in block_ids:
+            self.learner.ref_cnt[block_id] += 1
+
+    def lookup(self, block_hash: int) -> int | None:
+        return self.learner.cached.get(block_hash)
+
+    def take_cached(self, block_id: int) -> None:
+        call("take_cached", self.learner.take_cached, block_id)
+
+    def cache(self, block_id: int, block_hash: int) -> None:
+        call("cache", self.learner.cache, block_id, block_hash)
+
+    def match_prefix(self, block_size: int, token_ids: Sequence[int]):
+        blocks, hashes = call("match_prefix", self.learner.match_prefix, block_size, token_ids)
+        return list(blocks), list(hashes)
