@@ -19,6 +19,7 @@ from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.memory import GIB, KVSpec, preset
+from kvlab.sim.memory import LABELS
 from kvlab.sim.paper import PUBLISHED, PUBLISHED_BREAKDOWN, format_comparison
 from kvlab.sim.simulator import A100_40GB, StepLog, kv_budget_bytes, simulate
 from kvlab.sim.trace import make_trace
@@ -159,7 +160,7 @@ def test_comparison_prints_published_figures(results):
     for published in ("20.4%", "26.8%", "38.2%", "96.3%"):  # the paper's Fig. 2, exactly
         assert published in text
     assert "paged/16 fits" in text
-    assert set(PUBLISHED) == {f"contiguous/{p}" for p in POLICIES} | {"paged/16"}
+    assert set(PUBLISHED) == {f"contiguous/{LABELS[p]}" for p in POLICIES} | {"paged/16"}
 
 
 def test_the_published_breakdown_agrees_with_the_token_states_and_adds_up():
@@ -235,8 +236,8 @@ CASES = {
     # Long prompts in a small pool: some fit only while nothing runs (no watermark then).
     "paged, watermark, long prompts": ("sharegpt", "paged", "", 256, 8, 8, 0.25),
     "contiguous/max_model_len": ("alpaca", "contiguous", "max_model_len", 1024, 1, 16, 0.0),
-    "contiguous/pow2": ("alpaca", "contiguous", "pow2", 1024, 1, 16, 0.0),
-    "contiguous/exact": ("alpaca", "contiguous", "exact", 1024, 1, 16, 0.0),
+    "contiguous/oracle-pow2": ("alpaca", "contiguous", "pow2", 1024, 1, 16, 0.0),
+    "contiguous/oracle": ("alpaca", "contiguous", "exact", 1024, 1, 16, 0.0),
 }
 
 

@@ -69,12 +69,20 @@ class PagedMemory(SimMemory):
         return 0  # any free block serves any request
 
 
+# The simulator knows each request's true output length and sizes its reservation from it,
+# as the paper's Orca baselines do. So its "pow2" and "exact" are oracles, and their labels
+# say so, apart from the engine's policies of the same names (lab 02), which size from the
+# max_tokens a request declares.
+LABELS = {"max_model_len": "max_model_len", "pow2": "oracle-pow2", "exact": "oracle"}
+
+
 class ContiguousMemory(SimMemory):
-    """One reservation per request in a ``ContiguousManager``, sized by ``reservation_policy``."""
+    """One reservation per request in a ``ContiguousManager``, sized by ``reservation_policy``
+    from the request's true output length (labels in ``LABELS``)."""
 
     def __init__(self, trace: Trace, num_slots: int, reservation_policy: str, max_model_len: int):
         manager = ContiguousManager(num_slots, reservation_policy, max_model_len)
-        super().__init__(f"contiguous/{reservation_policy}", manager, 0.0)
+        super().__init__(f"contiguous/{LABELS[reservation_policy]}", manager, 0.0)
         self.arena = manager.arena
         self.sizes = [
             manager.reservation(p, o)
