@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from kvlab.cache.contiguous_arena import ContiguousArena
 from kvlab.cache.manager import CacheFullError
+from kvlab.exercises.grading import shrink_loop
 
 NUM_SLOTS = 64
 Op = tuple  # ("reserve", seq_id, num_slots) or ("free", seq_id)
@@ -195,23 +196,15 @@ def shrink(make_arena, ops: list[Op], criterion: str) -> list[Op]:
         failure = first_difference(make_arena, candidate)
         return failure is not None and failure[0] == criterion
 
-    shrunk = True
-    while shrunk:
-        shrunk = False
-        candidates = [valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops))]
-        candidates += [
-            ops[:i] + [("reserve", op[1], size)] + ops[i + 1 :]
-            for i, op in enumerate(ops)
-            if op[0] == "reserve"
-            for size in range(1, op[2])
-        ]
-        candidates += [  # two reservations in a row as one
-            valid_ops(ops[:i] + [("reserve", a[1], a[2] + b[2])] + ops[i + 2 :])
-            for i, (a, b) in enumerate(zip(ops, ops[1:], strict=False))
-            if a[0] == b[0] == "reserve"
-        ]
-        for candidate in candidates:
-            if still_fails(candidate):
-                ops, shrunk = candidate, True
-                break
-    return ops
+    def candidates(ops: list[Op]):
+        yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
+        for i, op in enumerate(ops):
+            if op[0] == "reserve":
+                yield from (
+                    ops[:i] + [("reserve", op[1], size)] + ops[i + 1 :] for size in range(1, op[2])
+                )
+        for i, (a, b) in enumerate(zip(ops, ops[1:], strict=False)):
+            if a[0] == b[0] == "reserve":  # two reservations in a row as one
+                yield valid_ops(ops[:i] + [("reserve", a[1], a[2] + b[2])] + ops[i + 2 :])
+
+    return shrink_loop(ops, still_fails, candidates)

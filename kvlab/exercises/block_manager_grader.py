@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import CacheFullError
+from kvlab.exercises.grading import shrink_loop
 
 NUM_BLOCKS = 12
 BLOCK_SIZE = 4
@@ -353,18 +354,12 @@ def shrink(make: Callable, ops: list[Op], criterion: str) -> list[Op]:
         failure = first_difference(make, candidate)
         return failure is not None and failure[0] == criterion
 
-    shrunk = True
-    while shrunk:
-        shrunk = False
-        candidates = [valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops))]
-        candidates += [
-            ops[:i] + [("allocate_slots", op[1], n)] + ops[i + 1 :]
-            for i, op in enumerate(ops)
-            if op[0] == "allocate_slots"
-            for n in range(1, op[2])
-        ]
-        for candidate in candidates:
-            if still_fails(candidate):
-                ops, shrunk = candidate, True
-                break
-    return ops
+    def candidates(ops: list[Op]):
+        yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
+        for i, op in enumerate(ops):
+            if op[0] == "allocate_slots":
+                yield from (
+                    ops[:i] + [("allocate_slots", op[1], n)] + ops[i + 1 :] for n in range(1, op[2])
+                )
+
+    return shrink_loop(ops, still_fails, candidates)

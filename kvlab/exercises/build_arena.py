@@ -26,19 +26,17 @@ Not handled: partial credit within a criterion; grading anything but the three m
 from __future__ import annotations
 
 import inspect
-import random
 
 from kvlab.cache.contiguous_arena import ContiguousArena, Range
 from kvlab.exercises.arena_grader import (
     NUM_SLOTS,
-    Op,
     first_difference,
     random_ops,
     show_op,
     shrink,
     valid_ops,
 )
-from kvlab.exercises.grading import Report, Verdict
+from kvlab.exercises.grading import Report, Verdict, shrunk_failures
 
 CRITERIA = {
     "written": "reserve, free and holes run (none raises NotImplementedError)",
@@ -100,20 +98,18 @@ def check_arena(
         verdicts.append(Verdict("written", False, detail))
         return _report(verdicts)
     verdicts.append(Verdict("written", True))
-    rng = random.Random(seed)
-    failures: dict[str, tuple[list[Op], str, str]] = {}
-    for _ in range(num_sequences):
-        ops = valid_ops(random_ops(rng, rng.randint(2, 24)))
-        failure = first_difference(arena_class, ops)
-        if failure is not None and failure[0] not in failures:
-            criterion = failure[0]
-            small = shrink(arena_class, ops, criterion)
-            _, detail, misconception = first_difference(arena_class, small)
-            steps = "; ".join(show_op(op) for op in small)
-            failures[criterion] = (small, f"{detail} (shortest case: {steps})", misconception)
+    failures = shrunk_failures(
+        arena_class,
+        first_difference,
+        shrink,
+        lambda rng: valid_ops(random_ops(rng, rng.randint(2, 24))),
+        show_op,
+        num_sequences,
+        seed,
+    )
     for criterion in ("first_fit", "refuses", "refusal_changes_nothing", "holes"):
         if criterion in failures:
-            _, detail, misconception = failures[criterion]
+            detail, misconception = failures[criterion]
             verdicts.append(Verdict(criterion, False, detail, misconception))
         else:
             verdicts.append(Verdict(criterion, True))

@@ -31,7 +31,6 @@ Not handled: prefix caching (lab 06), swapping, partial credit within a criterio
 from __future__ import annotations
 
 import inspect
-import random
 
 from kvlab.cache.block_manager import BlockManager
 from kvlab.exercises.block_manager_engine import LearnerBlockManager, check_generation
@@ -44,7 +43,7 @@ from kvlab.exercises.block_manager_grader import (
     shrink,
     valid_ops,
 )
-from kvlab.exercises.grading import Report, Verdict
+from kvlab.exercises.grading import Report, Verdict, shrunk_failures
 
 __all__ = [
     "CRITERIA",
@@ -106,22 +105,18 @@ def check_block_manager(
     if not written.passed:
         return _report([written])
     verdicts = [written]
-    rng = random.Random(seed)
-    failures: dict[str, str] = {}
-    misconceptions: dict[str, str] = {}
-    for _ in range(num_sequences):
-        ops = valid_ops(random_ops(rng, rng.randint(2, 20)))
-        failure = first_difference(manager_class, ops)
-        if failure is None or failure[0] in failures:
-            continue
-        small = shrink(manager_class, ops, failure[0])
-        _, detail, misconception = first_difference(manager_class, small)
-        steps = "; ".join(show_op(op) for op in small)
-        failures[failure[0]] = f"{detail} (shortest case: {steps})"
-        misconceptions[failure[0]] = misconception
+    failures = shrunk_failures(
+        manager_class,
+        first_difference,
+        shrink,
+        lambda rng: valid_ops(random_ops(rng, rng.randint(2, 20))),
+        show_op,
+        num_sequences,
+        seed,
+    )
     for criterion in list(CRITERIA)[1:-1]:
         if criterion in failures:
-            detail, why = failures[criterion], misconceptions[criterion]
+            detail, why = failures[criterion]
             verdicts.append(Verdict(criterion, False, detail, why))
             return _report(verdicts)
         verdicts.append(Verdict(criterion, True))

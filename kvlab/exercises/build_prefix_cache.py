@@ -34,11 +34,10 @@ Not handled: hash collisions, partial-block hits, partial credit within a criter
 from __future__ import annotations
 
 import inspect
-import random
 
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.prefix_cache import match_prefix
-from kvlab.exercises.grading import Report, Verdict
+from kvlab.exercises.grading import Report, Verdict, shrunk_failures
 from kvlab.exercises.learner_pool import LearnerPool
 from kvlab.exercises.prefix_cache_engine import check_generation
 from kvlab.exercises.prefix_cache_grader import (
@@ -98,17 +97,15 @@ def check_prefix_cache(
     if not written.passed:
         return _report([written])
     verdicts = [written]
-    rng = random.Random(seed)
-    failures: dict[str, tuple[str, str]] = {}
-    for _ in range(num_sequences):
-        ops = valid_ops(random_ops(rng, rng.randint(2, 16)))
-        failure = first_difference(pool_class, ops)
-        if failure is None or failure[0] in failures:
-            continue
-        small = shrink(pool_class, ops, failure[0])
-        _, detail, misconception = first_difference(pool_class, small)
-        steps = "; ".join(show_op(op) for op in small)
-        failures[failure[0]] = (f"{detail} (shortest case: {steps})", misconception)
+    failures = shrunk_failures(
+        pool_class,
+        first_difference,
+        shrink,
+        lambda rng: valid_ops(random_ops(rng, rng.randint(2, 16))),
+        show_op,
+        num_sequences,
+        seed,
+    )
     for probe in (check_gap, check_refusal):
         failure = probe(pool_class)
         if failure is not None:

@@ -11,11 +11,17 @@ failure: later criteria assume the earlier ones hold. A ``Report`` prints as
           likely: the misconception such a failure most often means
       [ ] ... one not checked yet
 
+The graders behind the checks share two loops: ``shrunk_failures`` tries seeded random
+operation sequences and keeps the first failure of each criterion, shrunk by
+``shrink_loop`` to the fewest operations that still show it.
+
 Not handled: partial credit within a criterion.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -74,3 +80,51 @@ class Report:
         if not self.passed:
             lines.append(self.stuck)
         return "\n".join(lines)
+
+
+def shrunk_failures(
+    make: Callable,
+    first_difference: Callable,
+    shrink: Callable,
+    random_case: Callable[[random.Random], list],
+    show_op: Callable,
+    num_sequences: int,
+    seed: int,
+) -> dict[str, tuple[str, str]]:
+    """``criterion -> (what happened in the shortest case, misconception)`` for every
+    criterion some of ``num_sequences`` seeded random cases break.
+
+    Args:
+        make: the learner's class.
+        first_difference: ``(make, ops) -> (criterion, detail, misconception) | None``.
+        shrink: ``(make, ops, criterion) -> ops``, fewer or smaller, still failing.
+        random_case: a random, valid list of operations.
+        show_op: one operation in words.
+    """
+    rng = random.Random(seed)
+    failures: dict[str, tuple[str, str]] = {}
+    for _ in range(num_sequences):
+        ops = random_case(rng)
+        failure = first_difference(make, ops)
+        if failure is None or failure[0] in failures:
+            continue
+        small = shrink(make, ops, failure[0])
+        _, detail, misconception = first_difference(make, small)
+        steps = "; ".join(show_op(op) for op in small)
+        failures[failure[0]] = (f"{detail} (shortest case: {steps})", misconception)
+    return failures
+
+
+def shrink_loop(
+    ops: list, still_fails: Callable[[list], bool], candidates: Callable[[list], Iterable[list]]
+) -> list:
+    """Replace ``ops`` by the first of its ``candidates`` (smaller versions) that still
+    fails, until none does."""
+    shrunk = True
+    while shrunk:
+        shrunk = False
+        for candidate in candidates(ops):
+            if still_fails(candidate):
+                ops, shrunk = candidate, True
+                break
+    return ops

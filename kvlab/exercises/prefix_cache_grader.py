@@ -24,6 +24,7 @@ from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.manager import CacheFullError
 from kvlab.cache.prefix_cache import ROOT_HASH, hash_block_tokens
+from kvlab.exercises.grading import shrink_loop
 from kvlab.exercises.learner_pool import LearnerError, LearnerPool, call
 
 NUM_BLOCKS = 10
@@ -291,17 +292,10 @@ def shrink(make: Callable, ops: list[Op], criterion: str) -> list[Op]:
         failure = first_difference(make, candidate)
         return failure is not None and failure[0] == criterion
 
-    shrunk = True
-    while shrunk:
-        shrunk = False
-        candidates = [valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops))]
-        candidates += [
-            ops[:i] + [("add", op[1], op[2][:-1])] + ops[i + 1 :]
-            for i, op in enumerate(ops)
-            if op[0] == "add" and len(op[2]) > 1
-        ]
-        for candidate in candidates:
-            if still_fails(candidate):
-                ops, shrunk = candidate, True
-                break
-    return ops
+    def candidates(ops: list[Op]):
+        yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
+        for i, op in enumerate(ops):
+            if op[0] == "add" and len(op[2]) > 1:
+                yield ops[:i] + [("add", op[1], op[2][:-1])] + ops[i + 1 :]
+
+    return shrink_loop(ops, still_fails, candidates)
