@@ -50,6 +50,7 @@ __all__ = [
     "LearnerBlockManager",
     "check_block_manager",
     "check_generation",
+    "check_written",
     "hint_block_manager",
     "reveal_block_manager",
 ]
@@ -101,7 +102,7 @@ def check_block_manager(
         seed: the seed of those sequences.
         prompts: token-id prompts for the generation (default: four chat prompts).
     """
-    written = _check_written(manager_class)
+    written = check_written(manager_class)
     if not written.passed:
         return _report([written])
     verdicts = [written]
@@ -124,7 +125,8 @@ def check_block_manager(
     return _report(verdicts)
 
 
-def _check_written(manager_class) -> Verdict:
+def check_written(manager_class) -> Verdict:
+    """The first criterion: every method runs on a fresh manager."""
     calls = (
         ("allocate_slots", (0, 5)),
         ("slot_mapping", (0, 0, 5)),

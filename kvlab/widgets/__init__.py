@@ -4,8 +4,9 @@ Each also stores a static picture (SVG, or PNG for plotly figures once
 ``enable_static_figures()`` ran), so that GitHub and nbviewer show what a kernel would.
 
 Widgets import from the rest of kvlab; nothing in kvlab imports widgets.
-``BatchingPanel`` runs the engine, so it is imported on first use: ``import kvlab.widgets``
-for a page map does not pay for importing transformers.
+``BatchingPanel`` runs the engine and ``replay_failure`` lab 03's grader, so they are
+imported on first use: ``import kvlab.widgets`` for a page map does not pay for importing
+transformers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from kvlab.widgets.page_map import PageMap, seq_color
 from kvlab.widgets.static_figures import enable_static_figures
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 
-_LAZY = {"BatchingPanel": "kvlab.widgets.batching_panel"}
+_LAZY = {
+    "BatchingPanel": "kvlab.widgets.batching_panel",
+    "replay_failure": "kvlab.widgets.failure_replay",  # lab 03's build-it, drawn
+}
 
 __all__ = [
     "BatchingPanel",
@@ -29,6 +33,7 @@ __all__ = [
     "StepView",
     "enable_static_figures",
     "format_bytes",
+    "replay_failure",
     "seq_color",
 ]
 

@@ -1,0 +1,38 @@
+"""Lab 03's failing cases replayed on the page map: the shortest case the check prints,
+call by call, on the learner's own block tables, resting on the broken call."""
+
+from __future__ import annotations
+
+import pytest
+from test_build_block_manager import FreeIgnoresRefCnt, Right, SlotIsPosition, Stub
+
+from kvlab.widgets.failure_replay import FailureReplay, replay_failure
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_nothing_to_replay_before_the_methods_exist_or_once_every_property_holds():
+    stub = replay_failure(Stub)
+    assert repr(stub) == "Nothing to replay yet: allocate_slots() is not written yet."
+    assert stub._repr_mimebundle_() == ({"text/plain": repr(stub)}, {})
+    assert repr(replay_failure(Right)).startswith("Nothing to replay: every property holds")
+
+
+def test_a_freed_shared_block_is_replayed_up_to_the_free_that_breaks_ref_cnt():
+    replay = replay_failure(FreeIgnoresRefCnt)
+    assert isinstance(replay, FailureReplay)
+    text = repr(replay)
+    assert text.startswith("ref_cnt counts the tables holding each block")
+    assert "step 2: fork(seq 0 -> seq 2)" in text and "step 3: free(seq 0)" in text
+    view = replay.view
+    assert view.slider.value == len(view.snapshots) - 1 == 3  # rests on the broken call
+    last = {info.block_id: info for info in view.snapshots[-1].infos}
+    assert last[11].seq_ids == (2,)  # the child still holds the block the free gave back
+    bundle, _ = replay._repr_mimebundle_()
+    assert "<svg" in bundle["image/svg+xml"] and bundle["text/plain"] == text
+
+
+def test_a_wrong_slot_mapping_breaks_at_its_first_call():
+    replay = replay_failure(SlotIsPosition)
+    assert len(replay.view.snapshots) == 2
+    assert "slot = block_table[pos // block_size] * block_size" in repr(replay)
