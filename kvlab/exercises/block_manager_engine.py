@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kvlab.cache.manager import KVCacheManager, KVUsage, check_held
-from kvlab.exercises.grading import Verdict
+from kvlab.exercises.grading import Verdict, engine_stopped, one_torch_thread
 
 
 def check_generation(manager_class, model=None, prompts=None) -> Verdict:
@@ -48,33 +48,27 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
         SamplingParams(temperature=0, max_tokens=10) for _ in prompts[1:]
     ]
     num_blocks = 64
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads fighting over two cores are many times slower
     try:
-        engines = {}
-        for name in ("yours", "kvlab"):
-            manager = LearnerBlockManager(manager_class, num_blocks, 4) if name == "yours" else None
-            cache = PagedKVCache.from_spec(
-                spec,
-                num_blocks,
-                block_size=4,
-                device="cpu",
-                enable_prefix_caching=False,
-                manager=manager,
-            )
-            engines[name] = LLMEngine(runner, cache, SchedulerConfig(max_num_seqs=4))
-            for index, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
-                engines[name].add_request(str(index), prompt, param)
-        failure = run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
+        with one_torch_thread():
+            engines = {}
+            for name in ("yours", "kvlab"):
+                manager = (
+                    LearnerBlockManager(manager_class, num_blocks, 4) if name == "yours" else None
+                )
+                cache = PagedKVCache.from_spec(
+                    spec,
+                    num_blocks,
+                    block_size=4,
+                    device="cpu",
+                    enable_prefix_caching=False,
+                    manager=manager,
+                )
+                engines[name] = LLMEngine(runner, cache, SchedulerConfig(max_num_seqs=4))
+                for index, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
+                    engines[name].add_request(str(index), prompt, param)
+            failure = run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
     except Exception as error:  # noqa: BLE001 - the learner's manager inside the engine
-        return Verdict(
-            "generation",
-            False,
-            f"the engine stopped: {type(error).__name__}: {error}",
-            "a method returned something the engine could not use",
-        )
-    finally:
-        torch.set_num_threads(threads)
+        return engine_stopped(error)
     return failure or Verdict(
         "generation",
         True,

@@ -36,7 +36,7 @@ from kvlab.exercises.arena_grader import (
     shrink,
     valid_ops,
 )
-from kvlab.exercises.grading import Report, Verdict, shrunk_failures
+from kvlab.exercises.grading import Report, Verdict, one_torch_thread, shrunk_failures
 
 CRITERIA = {
     "written": "reserve, free and holes run (none raises NotImplementedError)",
@@ -126,7 +126,6 @@ def _missing_method(error: Exception) -> str:
 
 def check_generation(arena_class, model, prompts) -> Verdict:
     """Serve prompts with the learner's arena placing every range, against kvlab's own."""
-    import torch
 
     from kvlab.cache.contiguous import ContiguousKVCache
     from kvlab.measure.serve import serve
@@ -154,16 +153,12 @@ def check_generation(arena_class, model, prompts) -> Verdict:
     # the third still runs, must be placed.
     arrivals = [0, 0, 2, 12, 13, 14][: len(prompts)]
     results = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads fighting over two cores are many times slower
-    try:
+    with one_torch_thread():
         for name, arena in (("yours", LearnerArena(arena_class, 256)), ("kvlab", None)):
             cache = ContiguousKVCache.from_spec(
                 spec, 256, reservation_policy="exact", device="cpu", arena=arena
             )
             results[name] = serve(runner, cache, prompts, 12, arrival_steps=arrivals)
-    finally:
-        torch.set_num_threads(threads)
     yours, kvlab = results["yours"], results["kvlab"]
     if yours.refused != kvlab.refused:
         return Verdict(

@@ -20,9 +20,12 @@ Not handled: partial credit within a criterion.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -128,3 +131,25 @@ def shrink_loop(
                 ops, shrunk = candidate, True
                 break
     return ops
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run a check's real generation on one torch thread, then restore the count: on a
+    shared 2-core machine two threads fighting over the cores are many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def engine_stopped(error: Exception) -> Verdict:
+    """The generation verdict when the learner's code inside the engine raised."""
+    return Verdict(
+        "generation",
+        False,
+        f"the engine stopped: {type(error).__name__}: {error}",
+        "a method returned something the engine could not use",
+    )

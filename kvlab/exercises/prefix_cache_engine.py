@@ -12,11 +12,9 @@ Not handled: eviction under memory pressure in the engine (the property checks c
 
 from __future__ import annotations
 
-import torch
-
 from kvlab.cache.block_manager import BlockManager
 from kvlab.exercises.block_manager_engine import run_side_by_side
-from kvlab.exercises.grading import Verdict
+from kvlab.exercises.grading import Verdict, engine_stopped, one_torch_thread
 from kvlab.exercises.learner_pool import LearnerPool
 
 SYSTEM = "You are a helpful assistant. Answer in one short sentence, and be precise."
@@ -41,32 +39,28 @@ def check_generation(pool_class, model=None, tokenizer=None) -> Verdict:
     prompts = [chat_prompt(tokenizer, q, system=SYSTEM) for q in QUESTIONS]
     runner = ModelRunner(model, attention="sdpa")
     params = SamplingParams(temperature=0, max_tokens=8)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads fighting over two cores are many times slower
     try:
-        engines = {}
-        for name in ("yours", "kvlab"):
-            pool = LearnerPool(pool_class(NUM_BLOCKS)) if name == "yours" else None
-            manager = BlockManager(NUM_BLOCKS, BLOCK_SIZE, True, pool=pool)
-            cache = PagedKVCache.from_spec(
-                runner.kv_spec(), NUM_BLOCKS, block_size=BLOCK_SIZE, device="cpu", manager=manager
-            )
-            engine = LLMEngine(
-                runner, cache, SchedulerConfig(max_num_seqs=4), clock=ManualClock(0.1)
-            )
-            for index, prompt in enumerate(prompts):  # the first alone, the rest after it
-                engine.add_request(str(index), prompt, params, arrival_time=0.15 * (index > 0))
-            engines[name] = engine
-        failure = run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
+        with one_torch_thread():
+            engines = {}
+            for name in ("yours", "kvlab"):
+                pool = LearnerPool(pool_class(NUM_BLOCKS)) if name == "yours" else None
+                manager = BlockManager(NUM_BLOCKS, BLOCK_SIZE, True, pool=pool)
+                cache = PagedKVCache.from_spec(
+                    runner.kv_spec(),
+                    NUM_BLOCKS,
+                    block_size=BLOCK_SIZE,
+                    device="cpu",
+                    manager=manager,
+                )
+                engine = LLMEngine(
+                    runner, cache, SchedulerConfig(max_num_seqs=4), clock=ManualClock(0.1)
+                )
+                for index, prompt in enumerate(prompts):  # the first alone, the rest after it
+                    engine.add_request(str(index), prompt, params, arrival_time=0.15 * (index > 0))
+                engines[name] = engine
+            failure = run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
     except Exception as error:  # noqa: BLE001 - the learner's pool inside the engine
-        return Verdict(
-            "generation",
-            False,
-            f"the engine stopped: {type(error).__name__}: {error}",
-            "a method returned something the engine could not use",
-        )
-    finally:
-        torch.set_num_threads(threads)
+        return engine_stopped(error)
     if failure is not None:
         return failure
     hits = {name: e.scheduler.num_prompt_tokens_hit for name, e in engines.items()}
