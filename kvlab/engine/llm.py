@@ -34,6 +34,7 @@ from kvlab.engine.llm_engine import LLMEngine
 from kvlab.engine.metrics import StepStats
 from kvlab.engine.outputs import RequestOutput
 from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.memory import GIB
 from kvlab.model.loading import load_model
@@ -78,6 +79,8 @@ class LLM:
         dtype: weights and KV dtype (float32 keeps results equal to transformers on a CPU).
         seed: seeds sampled requests that bring no seed of their own.
         clock: ``kvlab.engine.metrics.WallClock()`` (default) or ``ManualClock(step_seconds)``.
+        scheduler_class: the scheduler the engine builds: kvlab's ``Scheduler``, or your own
+            (lab 04's build-it, ``kvlab.exercises.build_scheduler.StepScheduler``).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class LLM:
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
         clock=None,
+        scheduler_class: type[Scheduler] = Scheduler,
     ) -> None:
         _check_settings(
             kv_cache=kv_cache,
@@ -161,6 +165,7 @@ class LLM:
             cache,
             scheduler_config,
             swap_space=swap_space,
+            scheduler_class=scheduler_class,
             clock=clock,
             tokenizer=self.tokenizer,
             eos_token_id=eos,

@@ -60,6 +60,8 @@ class LLMEngine:
         cache: a ``PagedKVCache`` or ``ContiguousKVCache`` shaped like the model.
         scheduler_config: batching policy and limits.
         swap_space: CPU block pool, needed when ``preemption_mode="swap"``.
+        scheduler_class: the scheduler to build, called as ``(scheduler_config, kv,
+            swap_space)``: kvlab's ``Scheduler``, or a learner's (lab 04's build-it).
         clock: ``WallClock()`` (default) or ``ManualClock(step_seconds)`` for replays.
         tokenizer: decodes finished samples and encodes text prompts; None for token ids only.
         eos_token_id: ends a sample unless ``ignore_eos``; None never stops on EOS.
@@ -75,6 +77,7 @@ class LLMEngine:
         scheduler_config: SchedulerConfig | None = None,
         *,
         swap_space: SwapSpace | None = None,
+        scheduler_class: type[Scheduler] = Scheduler,
         clock=None,
         tokenizer=None,
         eos_token_id: int | None = None,
@@ -90,7 +93,7 @@ class LLMEngine:
         self.runner = runner
         self.cache = cache
         self.kv = cache.manager
-        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.kv, swap_space)
+        self.scheduler = scheduler_class(scheduler_config or SchedulerConfig(), self.kv, swap_space)
         self.swap_space = self.scheduler.swap_space
         self.clock = clock if clock is not None else WallClock()
         self.tokenizer = tokenizer

@@ -254,7 +254,7 @@ class Scheduler(SwapScheduling):
             return index, budget
         stuck = batch[num_allocated]
         if self._preempt_until_fits(stuck, 1, out):
-            out._add(stuck, 1)
+            out.add(stuck, 1)
             budget -= 1
         return where[num_allocated] + 1, budget
 
@@ -327,7 +327,7 @@ class Scheduler(SwapScheduling):
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.num_seats += seats_of(request)
-            out._add(request, num_new)
+            out.add(request, num_new)
             out.admitted.append(request)
             budget -= num_new
             if not self._continuous:

@@ -44,7 +44,8 @@ class SchedulerOutput:
     def __bool__(self) -> bool:
         return bool(self.requests)
 
-    def _add(self, request: Request, num_new_tokens: int) -> None:
+    def add(self, request: Request, num_new_tokens: int) -> None:
+        """Compute ``num_new_tokens`` of ``request`` this step (its slots are allocated)."""
         self.requests.append(request)
         self.num_new_tokens.append(num_new_tokens)
 

@@ -104,7 +104,7 @@ class SwapScheduling:
             self.running.append(request)
             self.num_seats += seats_of(request)
             out.swapped_in.append(request)
-            out._add(request, num_new)
+            out.add(request, num_new)
             budget -= num_new
         return budget
 

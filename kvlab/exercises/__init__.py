@@ -13,8 +13,10 @@ gets a reminder to fill it in.
 
 Build-it exercises, where the learner writes the mechanism, graded criterion by criterion
 (``grading``) and then run inside the engine: ``build_arena`` (lab 02, a first-fit arena),
-``build_block_manager`` (lab 03, a paged block manager with fork and copy-on-write) and
-``build_prefix_cache`` (lab 06, a block pool with chained block hashes and LRU eviction).
+``build_block_manager`` (lab 03, a paged block manager with fork and copy-on-write),
+``build_scheduler`` (lab 04, the continuous scheduler's step: token budget, chunked
+prefill, preemption by recompute) and ``build_prefix_cache`` (lab 06, a block pool with
+chained block hashes and LRU eviction).
 
 Predict, then run: ``reveal(prediction, measured, unit=..., why=...)`` (``predict``) shows
 a learner's guess beside what the experiment measured.

@@ -36,7 +36,7 @@ from kvlab.exercises.arena_grader import (
     shrink,
     valid_ops,
 )
-from kvlab.exercises.grading import Report, Verdict, one_torch_thread, shrunk_failures
+from kvlab.exercises.grading import Report, Verdict, one_torch_thread, show_ops, shrunk_failures
 
 CRITERIA = {
     "written": "reserve, free and holes run (none raises NotImplementedError)",
@@ -103,7 +103,7 @@ def check_arena(
         first_difference,
         shrink,
         lambda rng: valid_ops(random_ops(rng, rng.randint(2, 24))),
-        show_op,
+        show_ops(show_op),
         num_sequences,
         seed,
     )

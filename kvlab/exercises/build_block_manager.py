@@ -43,7 +43,7 @@ from kvlab.exercises.block_manager_grader import (
     shrink,
     valid_ops,
 )
-from kvlab.exercises.grading import Report, Verdict, shrunk_failures
+from kvlab.exercises.grading import Report, Verdict, show_ops, shrunk_failures
 
 __all__ = [
     "CRITERIA",
@@ -111,7 +111,7 @@ def check_block_manager(
         first_difference,
         shrink,
         lambda rng: valid_ops(random_ops(rng, rng.randint(2, 20))),
-        show_op,
+        show_ops(show_op),
         num_sequences,
         seed,
     )

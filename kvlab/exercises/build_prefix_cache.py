@@ -37,7 +37,7 @@ import inspect
 
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.prefix_cache import match_prefix
-from kvlab.exercises.grading import Report, Verdict, shrunk_failures
+from kvlab.exercises.grading import Report, Verdict, show_ops, shrunk_failures
 from kvlab.exercises.learner_pool import LearnerPool
 from kvlab.exercises.prefix_cache_engine import check_generation
 from kvlab.exercises.prefix_cache_grader import (
@@ -102,7 +102,7 @@ def check_prefix_cache(
         first_difference,
         shrink,
         lambda rng: valid_ops(random_ops(rng, rng.randint(2, 16))),
-        show_op,
+        show_ops(show_op),
         num_sequences,
         seed,
     )

@@ -1,8 +1,8 @@
 """What a build-it check returns: one verdict per criterion, shown as a checklist.
 
-Every build-it exercise (``build_arena`` in lab 02, ``build_block_manager`` in lab 03)
-grades the learner's code criterion by criterion, in order, and stops at the first
-failure: later criteria assume the earlier ones hold. A ``Report`` prints as
+Every build-it exercise (``build_arena``, ``build_block_manager``, ``build_scheduler``,
+``build_prefix_cache``) grades the learner's code criterion by criterion, in order, and
+stops at the first failure: later criteria assume the earlier ones hold. A ``Report`` prints as
 
     3 of 7 criteria hold
       [x] ... a criterion that held
@@ -90,7 +90,7 @@ def shrunk_failures(
     first_difference: Callable,
     shrink: Callable,
     random_case: Callable[[random.Random], list],
-    show_op: Callable,
+    show_case: Callable[[list], str],
     num_sequences: int,
     seed: int,
 ) -> dict[str, tuple[str, str]]:
@@ -102,7 +102,7 @@ def shrunk_failures(
         first_difference: ``(make, ops) -> (criterion, detail, misconception) | None``.
         shrink: ``(make, ops, criterion) -> ops``, fewer or smaller, still failing.
         random_case: a random, valid list of operations.
-        show_op: one operation in words.
+        show_case: a case in words.
     """
     rng = random.Random(seed)
     failures: dict[str, tuple[str, str]] = {}
@@ -113,9 +113,13 @@ def shrunk_failures(
             continue
         small = shrink(make, ops, failure[0])
         _, detail, misconception = first_difference(make, small)
-        steps = "; ".join(show_op(op) for op in small)
-        failures[failure[0]] = (f"{detail} (shortest case: {steps})", misconception)
+        failures[failure[0]] = (f"{detail} (shortest case: {show_case(small)})", misconception)
     return failures
+
+
+def show_ops(show_op: Callable) -> Callable[[list], str]:
+    """A case of operations in words, from how one operation reads."""
+    return lambda ops: "; ".join(show_op(op) for op in ops)
 
 
 def shrink_loop(

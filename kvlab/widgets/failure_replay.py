@@ -23,7 +23,7 @@ import ipywidgets as widgets
 from kvlab.cache.base import BlockInfo, CacheUsage
 from kvlab.exercises import block_manager_grader as grader
 from kvlab.exercises.build_block_manager import CRITERIA, check_written
-from kvlab.exercises.grading import shrunk_failures
+from kvlab.exercises.grading import show_ops, shrunk_failures
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 from kvlab.widgets.svg import with_static_copy
 
@@ -88,7 +88,7 @@ def _failures(manager_class, num_sequences: int, seed: int) -> tuple[dict, dict]
         grader.first_difference,
         shrink,
         lambda rng: grader.valid_ops(grader.random_ops(rng, rng.randint(2, 20))),
-        grader.show_op,
+        show_ops(grader.show_op),
         num_sequences,
         seed,
     )

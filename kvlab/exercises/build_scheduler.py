@@ -1,0 +1,272 @@
+"""Build it (lab 04): the continuous scheduler's step, checked, then run inside the engine.
+
+The learner subclasses ``StepScheduler`` (``kvlab.exercises.step_scheduler``) and writes
+the three methods of one step:
+
+    schedule_running(out, budget) -> budget   running requests first, oldest first: each
+                                              gets its next tokens (a decode: 1; a prompt:
+                                              as much as the budget allows, a chunk);
+                                              when a request finds no block, preempt the
+                                              newest running one and try again
+    preempt(victim, out)                      recompute: free its blocks, forget its
+                                              progress, back to the head of the queue
+    admit_waiting(out, budget)                waiting requests in queue order while a seat
+                                              (max_num_seqs) and budget are left and
+                                              kv_admit finds them room; stop at the first
+                                              that does not fit
+
+``check_scheduler(MyScheduler)`` grades it criterion by criterion. Seeded random traces run
+through the engine with the model-free runner, the learner's scheduler beside kvlab's; the
+learner's plan of every step is checked against the rules of a plan and against kvlab's,
+and the first failure is shrunk to the fewest requests that still show it, with the
+misconception it most often means. When every criterion holds, SmolLM2 serves chat
+requests in a pool small enough that prompts are chunked and requests preempted, with the
+learner's scheduler planning every step, and the tokens must equal kvlab's own run.
+
+    hint_scheduler(1), (2), (3)   help in steps, from a nudge to the algorithm
+    reveal_scheduler()            kvlab's own step (``kvlab.engine.scheduler``)
+
+Not handled: swapping, priorities, static and dynamic batching, partial credit.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from kvlab.engine.request import Request, RequestStatus
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler import Scheduler
+from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.scheduler_output import SchedulerOutput
+from kvlab.exercises.grading import (
+    Report,
+    Verdict,
+    engine_stopped,
+    one_torch_thread,
+    shrunk_failures,
+)
+from kvlab.exercises.scheduler_grader import (
+    first_difference,
+    random_trace,
+    show_trace,
+    shrink,
+)
+from kvlab.exercises.scheduler_rules import plural
+from kvlab.exercises.step_scheduler import StepScheduler
+
+__all__ = [
+    "CRITERIA",
+    "StepScheduler",
+    "check_generation",
+    "check_scheduler",
+    "check_written",
+    "hint_scheduler",
+    "reveal_scheduler",
+]
+
+CRITERIA = {
+    "written": "schedule_running, preempt and admit_waiting run (none raises NotImplementedError)",
+    "running_first": "every running request gets its next tokens each step, oldest first",
+    "token_budget": "a step never computes more than max_num_batched_tokens tokens",
+    "chunked_prefill": "a prompt longer than the budget left is computed a chunk at a time",
+    "max_num_seqs": "never more than max_num_seqs requests run at once",
+    "fcfs_admission": "waiting requests start in queue order, stopping at the first that "
+    "does not fit",
+    "preemption": "when blocks run out, the newest running request is preempted by "
+    "recompute: blocks freed, progress reset, back at the head of the queue",
+    "finishes": "every request finishes with all its tokens, and the pool ends empty",
+    "generation": "SmolLM2 requests, chunked and preempted, give kvlab's tokens",
+}
+STUCK = "Stuck? hint_scheduler(1), then 2 and 3; print(reveal_scheduler()) shows kvlab's own."
+
+HINTS = (
+    "Each step has a token budget. schedule_running walks a copy of self.running, oldest "
+    "first, and gives each request min(tokens it has left to compute, budget left) tokens; "
+    "admit_waiting then spends what is left on waiting requests. A request preempted "
+    "earlier in the same walk is no longer RUNNING: skip it.",
+    "Tokens left: request.num_tokens - request.num_computed_tokens. Take slots with "
+    "self.allocate(request, n, out); it raises CacheFullError when blocks run out. Then "
+    "preempt self.running[-1] and allocate again, until it fits or the request itself was "
+    "the victim. preempt: remove it from self.running, self.kv.free(victim.seq_id), "
+    "num_computed_tokens = 0, status WAITING, self.waiting.push_front(victim), "
+    "out.preempted.append(victim).",
+    "schedule_running: for request in list(self.running): if request.status is not "
+    "RUNNING: continue; n = min(left, budget); if n == 0: break; try allocate, on "
+    "CacheFullError preempt the newest and retry (break out if the request itself was "
+    "preempted); out.add(request, n); budget -= n; return budget. admit_waiting: for "
+    "request in self.waiting: stop when budget <= 0 or len(self.running) >= max_num_seqs; "
+    "n = self.kv_admit(request, budget); stop if None; status RUNNING, append to "
+    "self.running, out.add(request, n), out.admitted.append(request), budget -= n; after "
+    "the loop, self.waiting.remove each admitted request.",
+)
+
+
+def _report(verdicts: list[Verdict]) -> Report:
+    return Report(verdicts, CRITERIA, STUCK)
+
+
+def check_scheduler(
+    scheduler_class, model=None, num_traces: int = 200, seed: int = 0, prompts=None
+) -> Report:
+    """Grade a learner's ``StepScheduler`` subclass.
+
+    Args:
+        scheduler_class: the class to grade.
+        model: a loaded model for the last criterion (default: SmolLM2-135M).
+        num_traces: random traces tried (seeded: the same each time).
+        seed: the seed of those traces.
+        prompts: token-id prompts for the generation (default: four chat prompts).
+    """
+    written = check_written(scheduler_class)
+    if not written.passed:
+        return _report([written])
+    verdicts = [written]
+    failures = shrunk_failures(
+        scheduler_class,
+        first_difference,
+        shrink,
+        random_trace,
+        show_trace,
+        num_traces,
+        seed,
+    )
+    for criterion in list(CRITERIA)[1:-1]:
+        if criterion in failures:
+            detail, why = failures[criterion]
+            verdicts.append(Verdict(criterion, False, detail, why))
+            return _report(verdicts)
+        verdicts.append(Verdict(criterion, True))
+    verdicts.append(check_generation(scheduler_class, model, prompts))
+    return _report(verdicts)
+
+
+def check_written(scheduler_class) -> Verdict:
+    """The first criterion: a ``StepScheduler`` subclass whose three methods each run once,
+    on a fresh scheduler with one request waiting (admit) or decoding (the other two)."""
+    if not (isinstance(scheduler_class, type) and issubclass(scheduler_class, StepScheduler)):
+        return Verdict(
+            "written",
+            False,
+            f"{scheduler_class!r} is not a StepScheduler subclass",
+            "write class MyScheduler(StepScheduler): with the three methods",
+        )
+    calls = (
+        ("schedule_running", False, lambda s, r: s.schedule_running(SchedulerOutput(), 8)),
+        ("preempt", False, lambda s, r: s.preempt(r, SchedulerOutput())),
+        ("admit_waiting", True, lambda s, r: s.admit_waiting(SchedulerOutput(), 8)),
+    )
+    for method, waiting, call in calls:
+        try:
+            scheduler, request = _one_request(scheduler_class, waiting)
+        except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+            return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
+        where = "waits" if waiting else "decodes"
+        try:
+            call(scheduler, request)
+        except NotImplementedError:
+            return Verdict("written", False, f"{method}() is not written yet")
+        except Exception as error:  # noqa: BLE001
+            return Verdict(
+                "written",
+                False,
+                f"{method}() raised {type(error).__name__}: {error} (one request {where}, "
+                "the pool has room)",
+            )
+    return Verdict("written", True)
+
+
+def _one_request(scheduler_class, waiting: bool):
+    """A fresh scheduler over 4 free blocks of 4 tokens, with one 3-token request that
+    waits, or that has its prompt computed and one output token to compute (decodes)."""
+    from kvlab.engine.model_free import bookkeeping_cache
+
+    kv = bookkeeping_cache(num_blocks=4, block_size=4, enable_prefix_caching=False).manager
+    scheduler = scheduler_class(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8), kv)
+    request = Request("0", 0, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    scheduler.add_request(request)
+    if not waiting:
+        kv.admit(0, request.token_ids, token_budget=8, max_tokens=4)
+        scheduler.waiting.remove(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = 3
+        request.append_token(0)
+        scheduler.running.append(request)
+    return scheduler, request
+
+
+def check_generation(scheduler_class, model=None, prompts=None) -> Verdict:
+    """Serve chat prompts with the learner's scheduler planning every step, against kvlab's.
+
+    The pool (24 blocks of 4 tokens) and the budget (16 tokens a step) are small enough
+    that every prompt is chunked and running requests are preempted.
+    """
+    from kvlab.cache.paged import PagedKVCache
+    from kvlab.engine.llm_engine import LLMEngine
+    from kvlab.model.loading import chat_prompt, load_model
+    from kvlab.model.runner import ModelRunner
+
+    tokenizer = None
+    if model is None:
+        model, tokenizer = load_model("smollm2-135m", device="cpu")
+    if prompts is None:
+        if tokenizer is None:
+            raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
+        questions = ["What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3."]
+        prompts = [chat_prompt(tokenizer, q) for q in questions]
+    runner = ModelRunner(model, attention="sdpa")
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    runs = {}
+    try:
+        with one_torch_thread():
+            for label, cls in (("yours", scheduler_class), ("kvlab", Scheduler)):
+                cache = PagedKVCache.from_spec(
+                    runner.kv_spec(), 24, block_size=4, device="cpu", enable_prefix_caching=False
+                )
+                engine = LLMEngine(runner, cache, config, scheduler_class=cls)
+                for index, prompt in enumerate(prompts):
+                    engine.add_request(str(index), prompt, params)
+                finished = {}
+                while engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.finished:
+                            finished[out.request_id] = out.outputs[0].token_ids
+                runs[label] = ([finished.get(str(i)) for i in range(len(prompts))], engine)
+    except Exception as error:  # noqa: BLE001 - the learner's scheduler inside the engine
+        return engine_stopped(error)
+    (mine, engine), (theirs, _) = runs["yours"], runs["kvlab"]
+    if mine != theirs:
+        bad = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+        return Verdict(
+            "generation",
+            False,
+            f"requests {bad} came out different from kvlab's",
+            "a preempted request must compute its prompt and outputs again from the start",
+        )
+    return Verdict(
+        "generation",
+        True,
+        f"{len(prompts)} requests, {plural(engine.metrics.num_preemptions, 'preemption')}, "
+        "every token as with kvlab's Scheduler",
+    )
+
+
+def hint_scheduler(level: int = 1) -> str:
+    """Help in steps: 1 a nudge, 2 preemption, 3 the whole algorithm."""
+    if not 1 <= level <= len(HINTS):
+        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
+    return HINTS[level - 1]
+
+
+def reveal_scheduler() -> str:
+    """kvlab's own step: ``Scheduler.schedule`` and the methods it calls (swap aside)."""
+    return "\n".join(
+        inspect.getsource(method)
+        for method in (
+            Scheduler.schedule,
+            Scheduler._schedule_running,
+            Scheduler._preempt_until_fits,
+            Scheduler._preempt,
+            Scheduler._admit_waiting,
+        )
+    )

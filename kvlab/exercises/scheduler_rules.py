@@ -1,0 +1,226 @@
+"""The rules lab 04's grader holds a learner's plan to, step by step.
+
+    check_rules(scheduler, out, where)   what any plan keeps: no request twice, at least
+                                         one token each, slots held for every token, the
+                                         token budget, max_num_seqs, a preempted request
+                                         freed, reset and back at the head of the queue
+    compare(mine, ref, where)            the learner's plan against kvlab's: with first
+                                         come first served and preemption of the newest
+                                         running request, a step has one right plan
+    check_end(engine, num_steps)         every request finished and the pool empty
+
+A broken rule raises ``Failure(criterion, what happened, misconception)``; requests are
+named ``r<seq_id>`` in what happened. ``kvlab.exercises.scheduler_grader`` runs the
+steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvlab.engine.request import RequestStatus
+
+# The grader's setting: small enough that prompts are chunked and requests preempted.
+NUM_BLOCKS = 10
+BLOCK_SIZE = 4
+MAX_NUM_SEQS = 3
+TOKEN_BUDGET = 8
+EXTRA_STEPS = 10  # steps the learner's engine may take after kvlab's has finished
+
+MISCONCEPTIONS = {
+    "budget": "a step computes at most max_num_batched_tokens tokens in all: give each "
+    "request at most the budget left, and take its tokens off the budget",
+    "zero": "once the budget is spent, stop: a request given 0 tokens computes nothing",
+    "skipped": "every running request gets its next tokens each step, oldest first, "
+    "before anyone waiting is admitted",
+    "chunk": "a prompt longer than the budget left gets what is left (a chunk) now and "
+    "the rest in later steps; the tokens you add must be the tokens allocated",
+    "seats": "admit only while len(self.running) < max_num_seqs",
+    "fcfs": "admit in queue order and stop at the first request that does not fit: "
+    "skipping ahead starves the long requests",
+    "victim": "preempt the newest running request (self.running[-1]): it loses the least "
+    "work, and the oldest keep their place",
+    "retry": "after preempting a victim, allocate again: keep preempting the newest until "
+    "the request fits, or until it is the one preempted",
+    "free": "a preempted request gives all its blocks back: self.kv.free(victim.seq_id)",
+    "recompute": "recompute starts over: num_computed_tokens = 0 and status WAITING, so "
+    "its prompt and the outputs so far are computed again",
+    "head": "a preempted request goes back to the head of the waiting queue "
+    "(self.waiting.push_front) and leaves self.running, so it is the next to start",
+    "leak": "every block a request held must come back: on preemption and when it finishes",
+}
+
+
+class Failure(Exception):
+    """A criterion broke at this step: (criterion, detail, misconception)."""
+
+
+@dataclass
+class Plan:
+    """One step as a scheduler planned it, in seq ids (``r<seq_id>`` in messages)."""
+
+    rows: dict[int, int]  # seq_id -> tokens computed this step
+    admitted: list[int]
+    preempted: list[int]
+    before: dict[int, int]  # running before the step: seq_id -> tokens left to compute
+    waiting_after: list[int]
+
+
+def name(seq_id: int) -> str:
+    return f"r{seq_id}"
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def tokens(n: int) -> str:
+    return plural(n, "token")
+
+
+def plan_of(scheduler, out, before: dict[int, int]) -> Plan:
+    return Plan(
+        rows={r.seq_id: n for r, n in zip(out.requests, out.num_new_tokens, strict=True)},
+        admitted=[r.seq_id for r in out.admitted],
+        preempted=[r.seq_id for r in out.preempted],
+        before=before,
+        waiting_after=[r.seq_id for r in scheduler.waiting],
+    )
+
+
+def check_rules(scheduler, out, where: str) -> None:
+    """The rules any plan keeps, whatever kvlab planned."""
+    seq_ids = [r.seq_id for r in out.requests]
+    if len(set(seq_ids)) != len(seq_ids):
+        twice = next(s for s in seq_ids if seq_ids.count(s) > 1)
+        raise Failure(
+            "running_first",
+            f"{where}: {name(twice)} is in the step twice",
+            MISCONCEPTIONS["skipped"],
+        )
+    for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
+        if num_new < 1:
+            raise Failure(
+                "token_budget",
+                f"{where}: {name(request.seq_id)} is given {tokens(num_new)}",
+                MISCONCEPTIONS["zero"],
+            )
+    for victim in out.preempted:
+        _check_preempted(scheduler, out, victim, where)
+    for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
+        held = scheduler.kv.num_tokens(request.seq_id) if request.seq_id in scheduler.kv else 0
+        if held != request.num_computed_tokens + num_new:
+            prefill = request in out.admitted or num_new > 1
+            raise Failure(
+                "chunked_prefill" if prefill else "running_first",
+                f"{where}: {name(request.seq_id)} is to compute {tokens(num_new)} after its "
+                f"{request.num_computed_tokens} computed ones, but holds slots for {held}",
+                MISCONCEPTIONS["chunk"],
+            )
+    if out.num_tokens > TOKEN_BUDGET:
+        rows = zip(seq_ids, out.num_new_tokens, strict=True)
+        raise Failure(
+            "token_budget",
+            f"{where} the step computes {out.num_tokens} tokens "
+            f"({', '.join(f'{name(s)}: {n}' for s, n in rows)}) "
+            f"with max_num_batched_tokens={TOKEN_BUDGET}",
+            MISCONCEPTIONS["budget"],
+        )
+    if len(scheduler.running) > MAX_NUM_SEQS:
+        running = ", ".join(name(r.seq_id) for r in scheduler.running)
+        raise Failure(
+            "max_num_seqs",
+            f"{where}: {len(scheduler.running)} requests run "
+            f"({running}) with max_num_seqs={MAX_NUM_SEQS}",
+            MISCONCEPTIONS["seats"],
+        )
+
+
+def _check_preempted(scheduler, out, victim, where: str) -> None:
+    who = f"{where}: {name(victim.seq_id)} was preempted"
+    if victim in out.requests:
+        raise Failure(
+            "preemption", f"{who} and still computes in the same step", MISCONCEPTIONS["victim"]
+        )
+    if victim.seq_id in scheduler.kv:
+        raise Failure(
+            "preemption",
+            f"{who} but still holds {scheduler.kv.num_tokens(victim.seq_id)} slots",
+            MISCONCEPTIONS["free"],
+        )
+    if victim.num_computed_tokens != 0 or victim.status is not RequestStatus.WAITING:
+        raise Failure(
+            "preemption",
+            f"{who} with num_computed_tokens="
+            f"{victim.num_computed_tokens}, status {victim.status.name}",
+            MISCONCEPTIONS["recompute"],
+        )
+    if victim in scheduler.running or victim not in scheduler.waiting:
+        raise Failure(
+            "preemption",
+            f"{who} but is not back in the waiting queue alone",
+            MISCONCEPTIONS["head"],
+        )
+
+
+def compare(mine: Plan, ref: Plan, where: str) -> None:
+    """The learner's plan against kvlab's, from the preemptions to the queue."""
+    if mine.preempted != ref.preempted:
+        detail = f"{where}: kvlab preempted {_names(ref.preempted)}, yours {_names(mine.preempted)}"
+        raise Failure("preemption", detail, MISCONCEPTIONS["victim"])
+    for seq_id, left in ref.before.items():
+        got, want = mine.rows.get(seq_id, 0), ref.rows.get(seq_id, 0)
+        if got == want:
+            continue
+        detail = (
+            f"{where}: {name(seq_id)}, running with {tokens(left)} to compute, is given "
+            f"{tokens(got)}; kvlab gives it {want}"
+        )
+        if mine.preempted and got == 0:
+            raise Failure("preemption", detail, MISCONCEPTIONS["retry"])
+        if left > 1 and 0 < want < left or 0 < got < want:
+            raise Failure("chunked_prefill", detail, MISCONCEPTIONS["chunk"])
+        raise Failure("running_first", detail, MISCONCEPTIONS["skipped"])
+    if mine.admitted != ref.admitted:
+        detail = f"{where}: kvlab admits {_names(ref.admitted)}, yours {_names(mine.admitted)}"
+        raise Failure("fcfs_admission", detail, MISCONCEPTIONS["fcfs"])
+    for seq_id in ref.admitted:
+        if mine.rows.get(seq_id) != ref.rows[seq_id]:
+            detail = (
+                f"{where}: {name(seq_id)} starts with {mine.rows.get(seq_id)} tokens; "
+                f"kvlab gives it {ref.rows[seq_id]}"
+            )
+            raise Failure("chunked_prefill", detail, MISCONCEPTIONS["chunk"])
+    if mine.waiting_after != ref.waiting_after:
+        detail = (
+            f"{where}: the waiting queue is {_names(mine.waiting_after)}, kvlab's "
+            f"{_names(ref.waiting_after)}"
+        )
+        if ref.preempted:
+            raise Failure("preemption", detail, MISCONCEPTIONS["head"])
+        raise Failure("fcfs_admission", detail, MISCONCEPTIONS["fcfs"])
+
+
+def check_end(engine, num_steps: int):
+    """Every request finished, and the pool empty, once kvlab's engine is done."""
+    if engine.has_unfinished_requests():
+        left = engine.scheduler.running + list(engine.scheduler.waiting)
+        return (
+            "finishes",
+            f"kvlab's scheduler finished the trace; after {num_steps} steps and "
+            f"{EXTRA_STEPS} more, yours has {_names([r.seq_id for r in left])} unfinished",
+            MISCONCEPTIONS["skipped"],
+        )
+    held = engine.kv.seq_ids()
+    if held or engine.kv.num_free_blocks != NUM_BLOCKS:
+        return (
+            "finishes",
+            f"every request finished, but the pool holds "
+            f"{NUM_BLOCKS - engine.kv.num_free_blocks} blocks (of {_names(held)})",
+            MISCONCEPTIONS["leak"],
+        )
+    return None
+
+
+def _names(seq_ids: list[int]) -> str:
+    return "[" + ", ".join(name(s) for s in seq_ids) + "]" if seq_ids else "nobody"

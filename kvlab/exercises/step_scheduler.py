@@ -1,0 +1,120 @@
+"""The scheduler lab 04's learner completes: kvlab's ``Scheduler`` with its step left open.
+
+``StepScheduler`` keeps everything of ``kvlab.engine.scheduler.Scheduler`` except the plan
+of a step, which it splits into the three methods the learner writes:
+
+    schedule(now)                                        (given)
+        budget = schedule_running(out, max_num_batched_tokens)   running requests first
+        if nothing was preempted:
+            admit_waiting(out, budget)                           then waiting ones, FCFS
+    preempt(victim, out)                                 called by schedule_running
+
+and two helpers that talk to the KV bookkeeping for them:
+
+    allocate(request, num_new, out)   slots for the request's next num_new tokens;
+                                      CacheFullError (and no change) when blocks run out
+    kv_admit(request, budget)         start a waiting request: the tokens its first step
+                                      computes (at most budget), or None when it does not
+                                      fit; the pool's admission rule decides (watermark)
+
+It supports the setting lab 04's build-it grades: continuous batching, first come first
+served, preemption by recompute, one sample per request (``n=1``).
+"""
+
+from __future__ import annotations
+
+from kvlab.engine.request import Request
+from kvlab.engine.scheduler import Scheduler
+from kvlab.engine.scheduler_output import SchedulerOutput
+
+
+class StepScheduler(Scheduler):
+    """``Scheduler`` whose step the learner writes (continuous, FCFS, recompute, n=1).
+
+    What the learner's methods read and change:
+        self.running: the running requests, oldest first.
+        self.waiting: the waiting queue (iterate it in admission order; ``remove``,
+            ``push_front``).
+        self.config: ``max_num_seqs``, ``max_num_batched_tokens``.
+        request.num_tokens, request.num_computed_tokens, request.status.
+        out.add(request, num_new), out.admitted, out.preempted.
+    """
+
+    def __init__(self, config, kv, swap_space=None) -> None:
+        settings = {
+            "scheduling": "continuous",
+            "scheduling_policy": "fcfs",
+            "preemption_mode": "recompute",
+        }
+        for name, allowed in settings.items():
+            if getattr(config, name) != allowed:
+                raise ValueError(
+                    f"{name}={getattr(config, name)!r} is not allowed: a StepScheduler "
+                    f"schedules with {name}={allowed!r} only"
+                )
+        super().__init__(config, kv, swap_space)
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        """One step: the running requests, then (when nobody was preempted) the waiting."""
+        out = SchedulerOutput()
+        budget = self.schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            self.admit_waiting(out, budget)
+        for request in out.admitted:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        for victim in out.preempted:  # counted here, so the learner's preempt need not
+            victim.num_preemptions += 1
+        self.num_preemptions += len(out.preempted)
+        return out
+
+    # ---- the learner's three methods -----------------------------------------------------
+
+    def schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Give the running requests their next tokens; return the budget left."""
+        raise NotImplementedError
+
+    def preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        """Take ``victim``'s blocks and send it back to the head of the waiting queue."""
+        raise NotImplementedError
+
+    def admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Start waiting requests, first come first served, while they fit."""
+        raise NotImplementedError
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def allocate(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
+        """KV slots for ``request``'s next ``num_new`` tokens (copies noted in ``out``).
+
+        Raises:
+            CacheFullError: too few free blocks; nothing changed.
+        """
+        start = request.num_computed_tokens
+        token_ids = request.token_ids[start : start + num_new]
+        out.blocks_to_copy += self.kv.allocate_slots(request.seq_id, num_new, token_ids)
+
+    def kv_admit(self, request: Request, budget: int) -> int | None:
+        """Start a waiting ``request`` in the KV pool if its first step fits.
+
+        Its first step computes at most ``budget`` tokens of its prompt (prompt and
+        outputs so far, after a preemption); cached prefix blocks are adopted, and
+        ``request.num_computed_tokens`` set to the tokens they hold.
+
+        Returns:
+            the tokens its first step computes, or None when it does not fit (nothing
+            changed).
+        """
+        admission = self.kv.admit(
+            request.seq_id,
+            request.token_ids,
+            token_budget=budget,
+            max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
+            watermark=self.config.watermark if self.running else 0.0,
+        )
+        if admission is None:
+            return None
+        num_hit, num_new = admission
+        self._count_prefix_lookup(request, num_hit)
+        request.num_computed_tokens = num_hit
+        return num_new
