@@ -23,6 +23,7 @@ from kvlab.exercises.build_prefix_cache import (
     hint_prefix_cache,
     reveal_prefix_cache,
 )
+from tests.solutions.lab06_prefix_cache import MyBlockPool
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,51 +51,7 @@ class Stub:
         raise NotImplementedError
 
 
-class Right(Stub):
-    def allocate(self, num):
-        if num > len(self.free_queue):
-            raise CacheFullError(f"{num} blocks wanted, {len(self.free_queue)} free")
-        taken = []
-        for _ in range(num):
-            block, _ = self.free_queue.popitem(last=False)
-            self._forget(block)
-            self.ref_cnt[block] = 1
-            taken.append(block)
-        return taken
-
-    def _forget(self, block):
-        if self.block_hash[block] is not None:
-            del self.cached[self.block_hash[block]]
-            self.block_hash[block] = None
-
-    def free(self, block_ids):
-        for block in block_ids:
-            self.ref_cnt[block] -= 1
-            if self.ref_cnt[block] == 0:
-                self.free_queue[block] = None
-
-    def cache(self, block_id, block_hash):
-        if block_hash not in self.cached and self.block_hash[block_id] is None:
-            self.cached[block_hash] = block_id
-            self.block_hash[block_id] = block_hash
-
-    def take_cached(self, block_id):
-        if self.ref_cnt[block_id] == 0:
-            del self.free_queue[block_id]
-        self.ref_cnt[block_id] += 1
-
-    def match_prefix(self, block_size, token_ids):
-        blocks, hashes, parent = [], [], ROOT_HASH
-        full = (len(token_ids) - 1) // block_size  # never the block of the last token
-        for index in range(full):
-            parent = hash_block_tokens(
-                parent, token_ids[index * block_size : (index + 1) * block_size]
-            )
-            if parent not in self.cached:
-                break
-            blocks.append(self.cached[parent])
-            hashes.append(parent)
-        return blocks, hashes
+Right = MyBlockPool  # the solution, as a learner writes it
 
 
 class FreeToTheFront(Right):

@@ -18,6 +18,7 @@ from kvlab.kernels import (
     write_kv,
     write_kv_ref,
 )
+from kvlab.kernels.cases import shuffled_paged_cache
 
 from kvlab.env import default_device
 
@@ -34,17 +35,18 @@ def make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, seed=0
     Two spare blocks are never referenced, and unused block_table entries hold garbage
     (-7): the kernels must read only a sequence's first ceil(seq_len / block_size) entries.
     """
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 2
-    physical = torch.randperm(num_blocks, generator=gen).tolist()
-    block_table = torch.full((len(seq_lens), max(blocks_per_seq) + 1), -7, dtype=torch.int32)
-    for i, n in enumerate(blocks_per_seq):
-        block_table[i, :n] = torch.tensor([physical.pop() for _ in range(n)])
-    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
-    kv_cache = torch.randn(shape, generator=gen).to(dtype)
-    seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
-    return kv_cache.to(DEVICE), block_table.to(DEVICE), seq_lens.to(DEVICE)
+    return shuffled_paged_cache(
+        seq_lens,
+        block_size,
+        num_kv_heads,
+        head_dim,
+        num_spare=2,
+        extra_columns=1,
+        unused_entry=-7,
+        dtype=dtype,
+        device=DEVICE,
+        seed=seed,
+    )
 
 
 def random_tensor(*shape, dtype, seed=1):

@@ -1,9 +1,9 @@
 """Each lab with its build-it solved: the rest of the lab works with a right learner's code.
 
 The labs are committed with the build-it stubs in place (nbval runs them so). Here a lab
-is executed end to end with the stub class replaced by a solution written as a learner
-would (``tests/solutions/``), and the check must print that every criterion holds; cells
-after it that use the learner's class must run too.
+is executed end to end with the stub replaced by a solution written as a learner would
+(``tests/solutions/``), and its check must print that every criterion holds; the cells
+after it, some of which use the learner's code, must run without an error too.
 """
 
 from __future__ import annotations
@@ -17,53 +17,68 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLVED = {
-    # lab: (the stub class the solution replaces, solution file, what the lab must print)
+    # lab: (the stub the solution replaces, solution file, what the lab must print)
+    "02_contiguous.ipynb": ("MyArena", "lab02_arena.py", ["6 of 6 criteria hold"]),
+    "03_paged.ipynb": ("MyBlockManager", "lab03_block_manager.py", ["9 of 9 criteria hold"]),
     "04_batching.ipynb": (
         "MyScheduler",
         "lab04_scheduler.py",
         ["9 of 9 criteria hold", "the same tokens: True"],
     ),
+    "05_triton_paged_attention.ipynb": (
+        "my_decode_kernel",
+        "lab05_kernel.py",
+        ["8 of 8 criteria hold"],
+    ),
+    "06_prefix_sharing.ipynb": ("MyBlockPool", "lab06_prefix_cache.py", ["7 of 7 criteria hold"]),
 }
 
 
-def solution_class(path: Path, name: str) -> str:
-    """The source of class ``name`` in a solution file."""
+def definition_lines(source: str, name: str) -> tuple[int, int] | None:
+    """The 1-based first and last lines of top-level class or def ``name``, decorators
+    included, or None when ``source`` defines no such thing."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name == name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return first, node.end_lineno
+    return None
+
+
+def solution_source(path: Path, name: str) -> str:
     source = path.read_text()
-    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
-    return ast.get_source_segment(source, node)
+    first, last = definition_lines(source, name)
+    return "\n".join(source.splitlines()[first - 1 : last])
 
 
 def with_solution(notebook, name: str, solution: str) -> None:
-    """Replace the stub ``class name`` at the top of its cell, keeping the rest."""
-    cell = next(c for c in notebook.cells if c.source.startswith(f"class {name}("))
-    stub = next(n for n in ast.parse(cell.source).body if getattr(n, "name", None) == name)
-    lines = cell.source.splitlines()
-    cell.source = "\n".join([solution, *lines[stub.end_lineno :]])
+    """Replace the stub definition of ``name`` in its cell, keeping the rest of the cell."""
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            lines = definition_lines(cell.source, name)
+        except SyntaxError:  # IPython magics
+            continue
+        if lines is not None:
+            rows = cell.source.splitlines()
+            cell.source = "\n".join([*rows[: lines[0] - 1], solution, *rows[lines[1] :]])
+            return
+    raise AssertionError(f"no cell defines {name}")
 
 
 @pytest.mark.parametrize("lab", sorted(SOLVED))
 def test_the_lab_runs_with_its_build_it_solved(lab):
     name, solution_file, expected = SOLVED[lab]
     notebook = nbformat.read(ROOT / "labs" / lab, as_version=4)
-    with_solution(
-        notebook, name, solution_class(ROOT / "tests" / "solutions" / solution_file, name)
-    )
-    NotebookClient(
-        notebook, timeout=600, resources={"metadata": {"path": str(ROOT / "labs")}}
-    ).execute()
+    solution = solution_source(ROOT / "tests" / "solutions" / solution_file, name)
+    with_solution(notebook, name, solution)
+    client = NotebookClient(notebook, timeout=600, resources={"metadata": {"path": ROOT / "labs"}})
+    client.execute()
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert not errors, f"{errors[0].ename}: {errors[0].evalue}"
     printed = "\n".join(
-        output.get("text", "") + str(output.get("data", {}).get("text/plain", ""))
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.outputs
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in outputs
     )
-    errors = [
-        o
-        for c in notebook.cells
-        if c.cell_type == "code"
-        for o in c.outputs
-        if o.output_type == "error"
-    ]
-    assert not errors, errors[0]
     for text in expected:
         assert text in printed, text

@@ -15,8 +15,9 @@ Build-it exercises, where the learner writes the mechanism, graded criterion by 
 (``grading``) and then run inside the engine: ``build_arena`` (lab 02, a first-fit arena),
 ``build_block_manager`` (lab 03, a paged block manager with fork and copy-on-write),
 ``build_scheduler`` (lab 04, the continuous scheduler's step: token budget, chunked
-prefill, preemption by recompute) and ``build_prefix_cache`` (lab 06, a block pool with
-chained block hashes and LRU eviction).
+prefill, preemption by recompute), ``build_kernel`` (lab 05, the one-pass Triton decode
+kernel's loop: the block-table gather and the online softmax) and ``build_prefix_cache``
+(lab 06, a block pool with chained block hashes and LRU eviction).
 
 Predict, then run: ``reveal(prediction, measured, unit=..., why=...)`` (``predict``) shows
 a learner's guess beside what the experiment measured.

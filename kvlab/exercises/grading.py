@@ -1,8 +1,9 @@
 """What a build-it check returns: one verdict per criterion, shown as a checklist.
 
 Every build-it exercise (``build_arena``, ``build_block_manager``, ``build_scheduler``,
-``build_prefix_cache``) grades the learner's code criterion by criterion, in order, and
-stops at the first failure: later criteria assume the earlier ones hold. A ``Report`` prints as
+``build_kernel``, ``build_prefix_cache``) grades the learner's code criterion by criterion,
+in order, and stops at the first failure: later criteria assume the earlier ones hold. A
+``Report`` prints as
 
     3 of 7 criteria hold
       [x] ... a criterion that held

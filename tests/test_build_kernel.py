@@ -1,0 +1,136 @@
+"""Lab 05's build-it exercise: the grader passes a right one-pass decode kernel, gives the
+untouched stub nothing, and catches each planted defect with the criterion meant for it.
+
+The right kernel is ``tests/solutions/lab05_kernel.py``, the lab's cell with its loop
+written as a learner would. The stub and each planted defect are that file with a few
+lines changed, written to a module of their own (Triton reads a kernel's source from its
+file).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import kvlab  # noqa: F401 (before triton: kvlab chooses how Triton runs)
+from kvlab.exercises.build_kernel import (
+    CRITERIA,
+    check_generation,
+    check_kernel,
+    hint_kernel,
+    reveal_kernel,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SOLUTION = Path(__file__).parent / "solutions" / "lab05_kernel.py"
+LOOP_START = "        block = tl.load("
+LOOP_END = "        m_i = m_new\n"
+
+# name: ((old, new) replacements in the solution, the criterion that must catch it)
+PLANTED = {
+    "no_scale": ([("axis=1) * scale, float", "axis=1), float")], "one_block"),
+    "no_rescale": (
+        [("l_i = l_i * alpha +", "l_i = l_i +"), ("acc = acc * alpha +", "acc = acc +")],
+        "online_softmax",
+    ),
+    "ignores_block_table": (
+        [
+            (
+                "block = tl.load(block_table_ptr + seq * stride_bt_seq + logical).to(tl.int64)",
+                "block = logical",
+            )
+        ],
+        "block_table",
+    ),
+    "no_mask": (
+        [
+            ("mask=in_seq[:, None], other=0.0", "mask=None"),
+            (
+                'tl.where(in_seq, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))',
+                "tl.sum(k * q[None, :], axis=1) * scale",
+            ),
+        ],
+        "partial_block",
+    ),
+    "masked_scores_zero": (
+        [
+            (
+                'tl.where(in_seq, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))',
+                "tl.sum(k * q[None, :], axis=1) * scale",
+            )
+        ],
+        "partial_block",
+    ),
+    "raw_exp": (
+        [
+            ("alpha = tl.exp(m_i - m_new)", "alpha = 1.0"),
+            ("p = tl.exp(scores - m_new)", "p = tl.exp(scores)"),
+        ],
+        "large_scores",
+    ),
+}
+
+
+def kernel_from(path: Path, replacements, tmp_path: Path, name: str):
+    source = path.read_text()
+    for old, new in replacements:
+        assert old in source, old
+        source = source.replace(old, new)
+    module_path = tmp_path / f"kernel_{name}.py"
+    module_path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"kernel_{name}", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.my_decode_kernel
+
+
+def stub(tmp_path):
+    source = SOLUTION.read_text()
+    start, end = source.index(LOOP_START), source.index(LOOP_END) + len(LOOP_END)
+    body = "        pass  # your code\n"
+    return kernel_from(SOLUTION, [(source[start:end], body)], tmp_path, "stub")
+
+
+def test_the_stub_scores_nothing(tmp_path):
+    report = check_kernel(stub(tmp_path))
+    assert report.score == 0 and len(report.verdicts) == 1
+    assert "not written yet" in report.verdicts[0].detail
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_each_planted_defect_fails_its_criterion(name, tmp_path):
+    replacements, criterion = PLANTED[name]
+    report = check_kernel(kernel_from(SOLUTION, replacements, tmp_path, name))
+    failed = report.verdicts[-1]
+    assert not failed.passed and failed.criterion == criterion, report
+    assert "sequence" in failed.detail and failed.misconception
+    assert all(v.passed for v in report.verdicts[:-1])
+
+
+def test_the_right_kernel_passes_every_criterion(tmp_path):
+    report = check_kernel(kernel_from(SOLUTION, [], tmp_path, "right"))
+    assert report.passed, report
+
+
+def test_a_kernel_that_raises_gets_its_error(tmp_path):
+    kernel = kernel_from(
+        SOLUTION, [("in_seq = logical", "in_seq = undefined_name + logical")], tmp_path, "raises"
+    )
+    verdict = check_kernel(kernel).verdicts[0]
+    assert not verdict.passed and "raised" in verdict.detail and "undefined_name" in verdict.detail
+
+
+def test_generation_catches_a_kernel_wrong_in_the_model(tmp_path):
+    kernel = kernel_from(SOLUTION, PLANTED["ignores_block_table"][0], tmp_path, "gen")
+    assert not check_generation(kernel).passed
+
+
+def test_help_comes_in_steps():
+    assert [hint_kernel(level)[:7] for level in (1, 2, 3)] == ["Section", "Scores ", "block ="]
+    with pytest.raises(ValueError, match="level=0 is not allowed"):
+        hint_kernel(0)
+    assert "def _paged_decode_kernel" in reveal_kernel()
+    assert list(CRITERIA)[0] == "written" and list(CRITERIA)[-1] == "generation"
