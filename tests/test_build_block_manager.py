@@ -93,6 +93,26 @@ class FreeIgnoresRefCnt(Right):
         del self.num_tokens[seq_id]
 
 
+class MissedDecrement(Right):
+    """Frees only the blocks it held alone: a shared block keeps its count, and leaks."""
+
+    def free(self, seq_id):
+        for block in self.block_tables.pop(seq_id):
+            if self.ref_cnt[block] == 1:
+                self._release(block)
+        del self.num_tokens[seq_id]
+
+
+class DoubleFree(Right):
+    """A block goes back to the free list when its count drops to 1, not 0: once while its
+    other holder still uses it, and a second time when that one frees it."""
+
+    def _release(self, block):
+        self.ref_cnt[block] -= 1
+        if self.ref_cnt[block] <= 1:
+            self.free_blocks.append(block)
+
+
 class ForkSharesTheList(Right):
     def fork(self, parent_seq_id, child_seq_id):
         super().fork(parent_seq_id, child_seq_id)
@@ -168,6 +188,8 @@ PLANTED = [
     (OnlyNewTokensCounted, "grows"),
     (SlotIsPosition, "slot_mapping"),
     (FreeIgnoresRefCnt, "ref_cnt"),
+    (MissedDecrement, "ref_cnt"),
+    (DoubleFree, "ref_cnt"),
     (ForkSharesTheList, "fork"),
     (ForkCopiesBlocks, "fork"),
     (NoCopyOnWrite, "copy_on_write"),
