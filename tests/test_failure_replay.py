@@ -1,11 +1,13 @@
-"""Lab 03's failing cases replayed on the page map: the shortest case the check prints,
-call by call, on the learner's own block tables, resting on the broken call."""
+"""The build-its' failing cases replayed on the page map (labs 02, 03, 06): the shortest
+case the check prints, call by call, on the learner's own state, resting on the broken
+call."""
 
 from __future__ import annotations
 
 import pytest
 from test_build_block_manager import FreeIgnoresRefCnt, Right, SlotIsPosition, Stub
 
+from kvlab.exercises.build_arena import CRITERIA
 from kvlab.widgets.failure_replay import FailureReplay, replay_failure
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,3 +38,34 @@ def test_a_wrong_slot_mapping_breaks_at_its_first_call():
     replay = replay_failure(SlotIsPosition)
     assert len(replay.view.snapshots) == 2
     assert "slot = block_table[pos // block_size] * block_size" in repr(replay)
+
+
+def test_lab_02_an_arena_that_overlaps_ranges_is_replayed_slot_by_slot():
+    from test_build_arena import Overlapping
+    from test_build_arena import Stub as ArenaStub
+
+    assert repr(replay_failure(ArenaStub)) == "Nothing to replay yet: holes() is not written yet."
+    replay = replay_failure(Overlapping)
+    assert repr(replay).startswith(CRITERIA["holes"])  # the only criterion it breaks
+    view = replay.view
+    assert view.slider.value == len(view.snapshots) - 1 >= 1
+    assert len(view.snapshots[-1].infos) == 64 and view.snapshots[-1].block_size is None
+    assert "<svg" in replay._repr_mimebundle_()[0]["image/svg+xml"]
+
+
+def test_lab_06_a_pool_that_never_chains_its_hashes_is_replayed_on_the_pool():
+    from test_build_prefix_cache import Right as PoolRight
+    from test_build_prefix_cache import Stub as PoolStub
+    from test_build_prefix_cache import UnchainedHashes
+
+    assert repr(replay_failure(PoolStub)) == "Nothing to replay yet: allocate() is not written yet."
+    assert repr(replay_failure(PoolRight)).startswith("Nothing to replay: every property holds")
+    replay = replay_failure(UnchainedHashes)
+    assert repr(replay).startswith("match_prefix")
+    last = replay.view.snapshots[-1]
+    assert any(info.cached for info in last.infos)  # the pool's cached blocks are drawn
+
+
+def test_a_class_of_no_build_it_is_refused():
+    with pytest.raises(TypeError, match="none of the build-its replay_failure draws"):
+        replay_failure(int)

@@ -80,24 +80,10 @@ def check_arena(
         seed: the seed of those sequences.
         prompts: token-id prompts for the generation (default: six chat prompts).
     """
-    verdicts = []
-    try:
-        arena = arena_class(NUM_SLOTS)
-        arena.holes()
-        arena.reserve(0, 4)
-        arena.holes()
-        arena.free(0)
-        arena.holes()
-    except NotImplementedError as error:
-        name = _missing_method(error)
-        verdicts.append(Verdict("written", False, f"{name} is not written yet"))
+    written = check_written(arena_class)
+    verdicts = [written]
+    if not written.passed:
         return _report(verdicts)
-    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        name = _missing_method(error)
-        detail = f"{name} raised {type(error).__name__}: {error} (on a fresh arena: reserve(0, 4))"
-        verdicts.append(Verdict("written", False, detail))
-        return _report(verdicts)
-    verdicts.append(Verdict("written", True))
     failures = shrunk_failures(
         arena_class,
         first_difference,
@@ -117,6 +103,24 @@ def check_arena(
         return _report(verdicts)
     verdicts.append(check_generation(arena_class, model, prompts))
     return _report(verdicts)
+
+
+def check_written(arena_class) -> Verdict:
+    """The first criterion: every method runs on a fresh arena."""
+    try:
+        arena = arena_class(NUM_SLOTS)
+        arena.holes()
+        arena.reserve(0, 4)
+        arena.holes()
+        arena.free(0)
+        arena.holes()
+    except NotImplementedError as error:
+        return Verdict("written", False, f"{_missing_method(error)} is not written yet")
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        name = _missing_method(error)
+        detail = f"{name} raised {type(error).__name__}: {error} (on a fresh arena: reserve(0, 4))"
+        return Verdict("written", False, detail)
+    return Verdict("written", True)
 
 
 def _missing_method(error: Exception) -> str:

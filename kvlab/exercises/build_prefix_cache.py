@@ -93,7 +93,7 @@ def check_prefix_cache(
         num_sequences: random request sequences tried (seeded: the same each time).
         seed: the seed of those sequences.
     """
-    written = _check_written(pool_class)
+    written = check_written(pool_class)
     if not written.passed:
         return _report([written])
     verdicts = [written]
@@ -120,7 +120,8 @@ def check_prefix_cache(
     return _report(verdicts)
 
 
-def _check_written(pool_class) -> Verdict:
+def check_written(pool_class) -> Verdict:
+    """The first criterion: every method runs on a fresh pool."""
     try:
         pool = pool_class(8)
         steps = [
@@ -173,6 +174,7 @@ __all__ = [
     "LearnerPool",
     "check_generation",
     "check_prefix_cache",
+    "check_written",
     "hint_prefix_cache",
     "reveal_prefix_cache",
 ]

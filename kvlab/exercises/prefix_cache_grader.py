@@ -56,21 +56,21 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
         where = f"operation {index + 1}, {show_op(op)}"
         why = _wrong_match(mine, ref, op) if op[0] == "add" else ""
         try:
-            got = _apply(mine, op)
+            got = apply_op(mine, op)
         except LearnerError as error:
             return _CRITERION_OF[error.method], f"{where}: {error}", "a bug in the method it names"
         except Exception as error:  # noqa: BLE001 - kvlab's manager, fed the learner's answers
             criterion = "match_prefix" if op[0] == "add" else "ref_cnt"
             detail = f"{where}: the block manager failed on what your pool returned: {error}"
             return criterion, detail, why or "a method returned something the manager cannot use"
-        expected = _apply(ref, op)
+        expected = apply_op(ref, op)
         failure = _compare(mine, ref, got, expected, why, op, where)
         if failure is not None:
             return failure
     return None
 
 
-def _apply(manager: BlockManager, op: Op):
+def apply_op(manager: BlockManager, op: Op):
     """Run ``op``; for an "add", the prompt tokens found cached (None if it did not fit)."""
     if op[0] == "free":
         manager.free(op[1])
@@ -280,7 +280,7 @@ def valid_ops(ops: list[Op]) -> list[Op]:
             continue
         if op[0] == "add" and op[1] in ref:
             continue
-        _apply(ref, op)
+        apply_op(ref, op)
         kept.append(op)
     return kept
 

@@ -4,7 +4,7 @@ Each also stores a static picture (SVG, or PNG for plotly figures once
 ``enable_static_figures()`` ran), so that GitHub and nbviewer show what a kernel would.
 
 Widgets import from the rest of kvlab; nothing in kvlab imports widgets.
-``BatchingPanel`` runs the engine and ``replay_failure`` lab 03's grader, so they are
+``BatchingPanel`` runs the engine and ``replay_failure`` the build-its' graders, so they are
 imported on first use: ``import kvlab.widgets`` for a page map does not pay for importing
 transformers.
 """
@@ -21,7 +21,7 @@ from kvlab.widgets.step_view import PoolSnapshot, StepView
 
 _LAZY = {
     "BatchingPanel": "kvlab.widgets.batching_panel",
-    "replay_failure": "kvlab.widgets.failure_replay",  # lab 03's build-it, drawn
+    "replay_failure": "kvlab.widgets.failure_replay",  # the build-its of labs 02, 03, 06
 }
 
 __all__ = [
