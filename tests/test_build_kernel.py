@@ -110,6 +110,15 @@ def test_each_planted_defect_fails_its_criterion(name, tmp_path):
     assert all(v.passed for v in report.verdicts[:-1])
 
 
+def test_a_loop_that_makes_nan_is_told_apart_from_an_empty_one(tmp_path):
+    kernel = kernel_from(
+        SOLUTION, [("p = tl.exp(scores - m_new)", "p = tl.exp(scores - m_i)")], tmp_path, "old_max"
+    )
+    verdict = check_kernel(kernel).verdicts[0]
+    assert not verdict.passed and "or it makes NaN" in verdict.detail
+    assert "scores - m_new" in verdict.misconception
+
+
 def test_the_right_kernel_passes_every_criterion(tmp_path):
     report = check_kernel(kernel_from(SOLUTION, [], tmp_path, "right"))
     assert report.passed, report

@@ -198,6 +198,31 @@ class NoRetry(Right):
             return False
 
 
+class NotSkipped(Right):
+    """Walks the running requests without skipping those it preempted a moment ago."""
+
+    def schedule_running(self, out, budget):
+        for request in list(self.running):
+            n = self.tokens_now(request, budget)
+            if n == 0:
+                break
+            if request.status is RequestStatus.RUNNING and not self.allocate_or_preempt(
+                request, n, out
+            ):
+                continue
+            out.add(request, n)
+            budget -= n
+        return budget
+
+
+class NotAdmitted(Right):
+    """Starts waiting requests but never lists them in out.admitted."""
+
+    def admit_waiting(self, out, budget):
+        super().admit_waiting(out, budget)
+        out.admitted.clear()
+
+
 class UncaughtFull(Right):
     def allocate_or_preempt(self, request, n, out):
         self.allocate(request, n, out)
@@ -217,6 +242,8 @@ PLANTED = [
     (BackOfTheQueue, "preemption"),
     (NoRetry, "preemption"),
     (UncaughtFull, "preemption"),
+    (NotSkipped, "preemption"),
+    (NotAdmitted, "fcfs_admission"),
 ]
 
 
@@ -258,6 +285,15 @@ def test_a_right_scheduler_passes_every_rule(monkeypatch):
     )
     report = check_scheduler(Right, num_traces=300)
     assert report.passed, report
+
+
+def test_the_misconception_names_the_bug_not_a_neighbour():
+    def misconception(planted):
+        return check_scheduler(planted).verdicts[-1].misconception
+
+    assert "skip it when the walk reaches it" in misconception(NotSkipped)
+    assert "self.running[-1]" in misconception(PreemptsOldest)
+    assert "out.admitted" in misconception(NotAdmitted)
 
 
 def test_the_shortest_case_is_small():

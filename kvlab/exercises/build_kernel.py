@@ -89,10 +89,11 @@ HINTS = (
     "On the first block m_i is -inf and alpha is 0: nothing to rescale yet.",
     "block = tl.load(block_table_ptr + seq * stride_bt_seq + logical).to(tl.int64); in_seq = "
     "logical * BLOCK_SIZE + slots < seq_len; offsets = block * stride_kv_block + slots[:, "
-    "None] * stride_kv_slot + dims[None, :]; k and v = tl.load(k_head_ptr / v_head_ptr + "
-    "offsets, mask=in_seq[:, None], other=0.0).to(tl.float32); scores, m_new, alpha, p as "
-    "in hint 2; l_i = l_i * alpha + tl.sum(p, axis=0); acc = acc * alpha + tl.sum(p[:, None] "
-    "* v, axis=0); m_i = m_new.",
+    "None] * stride_kv_slot + dims[None, :]; k = tl.load(k_head_ptr + offsets, mask=in_seq[:, "
+    "None], other=0.0).to(tl.float32); v = tl.load(v_head_ptr + offsets, mask=in_seq[:, "
+    "None], other=0.0).to(tl.float32); scores, m_new, alpha, p as in hint 2; l_i = l_i * "
+    "alpha + tl.sum(p, axis=0); acc = acc * alpha + tl.sum(p[:, None] * v, axis=0); "
+    "m_i = m_new.",
 )
 
 
@@ -147,7 +148,14 @@ def _check_cases(kernel, criterion: str, cases: list[tuple]) -> Verdict:
             return Verdict(criterion, False, f"the kernel raised {type(error).__name__}: {error}")
         if criterion == "written":
             if torch.isnan(mine).all():
-                return Verdict("written", False, "the output is 0 / 0 everywhere: not written yet")
+                return Verdict(
+                    "written",
+                    False,
+                    "every output row is NaN: the loop is not written yet (acc / l_i is "
+                    "0 / 0), or it makes NaN",
+                    "if the loop is written: p = exp(scores - m_new), with the new max; on the "
+                    "first block m_i is -inf, so exp(scores - m_i) is inf and inf / inf NaN",
+                )
             return Verdict("written", True)
         failure = _first_wrong_row(mine, expected)
         if failure is not None:

@@ -91,10 +91,11 @@ HINTS = (
     "num_computed_tokens = 0, status WAITING, self.waiting.push_front(victim), "
     "out.preempted.append(victim).",
     "schedule_running: for request in list(self.running): if request.status is not "
-    "RUNNING: continue; n = min(left, budget); if n == 0: break; try allocate, on "
+    "RequestStatus.RUNNING: continue; n = min(left, budget); try allocate, on "
     "CacheFullError preempt the newest and retry (break out if the request itself was "
     "preempted); out.add(request, n); budget -= n; return budget. admit_waiting: for "
-    "request in self.waiting: stop when budget <= 0 or len(self.running) >= max_num_seqs; "
+    "request in self.waiting: stop when budget <= 0 or len(self.running) >= "
+    "self.config.max_num_seqs; "
     "n = self.kv_admit(request, budget); stop if None; status RUNNING, append to "
     "self.running, out.add(request, n), out.admitted.append(request), budget -= n; after "
     "the loop, self.waiting.remove each admitted request.",
@@ -258,9 +259,19 @@ def hint_scheduler(level: int = 1) -> str:
     return HINTS[level - 1]
 
 
+REVEAL_NOTE = (
+    "# kvlab's Scheduler also serves forks (n > 1), swapping and priorities. With n=1,\n"
+    "# FCFS and recompute, as in your StepScheduler: seats_of(request) is 1 and num_seats is\n"
+    "# len(self.running); _pick_victim() is self.running[-1]; _drop_prefetched() does\n"
+    "# nothing and returns False; _schedule_decodes allocates a run of decodes at once,\n"
+    "# exactly as one by one; swapped is always empty.\n"
+)
+
+
 def reveal_scheduler() -> str:
-    """kvlab's own step: ``Scheduler.schedule`` and the methods it calls (swap aside)."""
-    return "\n".join(
+    """kvlab's own step: ``Scheduler.schedule`` and the methods it calls, with a note on
+    what the parts beyond the build-it's setting reduce to."""
+    return REVEAL_NOTE + "\n".join(
         inspect.getsource(method)
         for method in (
             Scheduler.schedule,

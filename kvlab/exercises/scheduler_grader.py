@@ -143,7 +143,7 @@ def first_difference(make: Callable, trace: list[Request]) -> tuple[str, str, st
     def on_learner(scheduler, out, before, now):
         steps[0] += 1
         where = f"at t={now:g}"
-        check_rules(scheduler, out, where)
+        check_rules(scheduler, out, before, where)
         compare(plan_of(scheduler, out, before), reference[-1], where)
 
     kvlab = engine_for(Scheduler, trace, on_reference)

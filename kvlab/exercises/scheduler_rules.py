@@ -1,6 +1,7 @@
 """The rules lab 04's grader holds a learner's plan to, step by step.
 
-    check_rules(scheduler, out, where)   what any plan keeps: no request twice, at least
+    check_rules(scheduler, out, before, where)
+                                         what any plan keeps: no request twice, at least
                                          one token each, slots held for every token, the
                                          token budget, max_num_seqs, a preempted request
                                          freed, reset and back at the head of the queue
@@ -30,12 +31,16 @@ EXTRA_STEPS = 10  # steps the learner's engine may take after kvlab's has finish
 MISCONCEPTIONS = {
     "budget": "a step computes at most max_num_batched_tokens tokens in all: give each "
     "request at most the budget left, and take its tokens off the budget",
-    "zero": "once the budget is spent, stop: a request given 0 tokens computes nothing",
+    "zero": "a request is in a step only with at least 1 token to compute: once the budget "
+    "is spent, stop",
+    "skip": "a preempted request computes nothing this step: skip it when the walk reaches "
+    "it (it is no longer RUNNING), and do not add it when it was the one being allocated",
+    "admitted": "a started request joins out.admitted as well as out (out.admitted.append)",
     "skipped": "every running request gets its next tokens each step, oldest first, "
     "before anyone waiting is admitted",
     "chunk": "a prompt longer than the budget left gets what is left (a chunk) now and "
     "the rest in later steps; the tokens you add must be the tokens allocated",
-    "seats": "admit only while len(self.running) < max_num_seqs",
+    "seats": "admit only while len(self.running) < self.config.max_num_seqs",
     "fcfs": "admit in queue order and stop at the first request that does not fit: "
     "skipping ahead starves the long requests",
     "victim": "preempt the newest running request (self.running[-1]): it loses the least "
@@ -88,7 +93,7 @@ def plan_of(scheduler, out, before: dict[int, int]) -> Plan:
     )
 
 
-def check_rules(scheduler, out, where: str) -> None:
+def check_rules(scheduler, out, before: dict[int, int], where: str) -> None:
     """The rules any plan keeps, whatever kvlab planned."""
     seq_ids = [r.seq_id for r in out.requests]
     if len(set(seq_ids)) != len(seq_ids):
@@ -105,8 +110,9 @@ def check_rules(scheduler, out, where: str) -> None:
                 f"{where}: {name(request.seq_id)} is given {tokens(num_new)}",
                 MISCONCEPTIONS["zero"],
             )
+    newest = list(before)[-len(out.preempted) :] if out.preempted else []
     for victim in out.preempted:
-        _check_preempted(scheduler, out, victim, where)
+        _check_preempted(scheduler, out, victim, victim.seq_id in newest, where)
     for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
         held = scheduler.kv.num_tokens(request.seq_id) if request.seq_id in scheduler.kv else 0
         if held != request.num_computed_tokens + num_new:
@@ -136,12 +142,13 @@ def check_rules(scheduler, out, where: str) -> None:
         )
 
 
-def _check_preempted(scheduler, out, victim, where: str) -> None:
+def _check_preempted(scheduler, out, victim, was_newest: bool, where: str) -> None:
+    """A preempted request's state; ``was_newest``: it was among the newest running ones
+    (the right victims), so computing it anyway means it was not skipped."""
     who = f"{where}: {name(victim.seq_id)} was preempted"
     if victim in out.requests:
-        raise Failure(
-            "preemption", f"{who} and still computes in the same step", MISCONCEPTIONS["victim"]
-        )
+        why = MISCONCEPTIONS["skip" if was_newest else "victim"]
+        raise Failure("preemption", f"{who} and still computes in the same step", why)
     if victim.seq_id in scheduler.kv:
         raise Failure(
             "preemption",
@@ -183,7 +190,8 @@ def compare(mine: Plan, ref: Plan, where: str) -> None:
         raise Failure("running_first", detail, MISCONCEPTIONS["skipped"])
     if mine.admitted != ref.admitted:
         detail = f"{where}: kvlab admits {_names(ref.admitted)}, yours {_names(mine.admitted)}"
-        raise Failure("fcfs_admission", detail, MISCONCEPTIONS["fcfs"])
+        started = set(ref.admitted) <= set(mine.rows) and set(mine.admitted) < set(ref.admitted)
+        raise Failure("fcfs_admission", detail, MISCONCEPTIONS["admitted" if started else "fcfs"])
     for seq_id in ref.admitted:
         if mine.rows.get(seq_id) != ref.rows[seq_id]:
             detail = (

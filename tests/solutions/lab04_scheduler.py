@@ -17,8 +17,6 @@ class MyScheduler(StepScheduler):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted a moment ago, to make room for an older one
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if n == 0:
-                break
             while request.status is RequestStatus.RUNNING:
                 try:
                     self.allocate(request, n, out)
