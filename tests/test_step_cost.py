@@ -180,3 +180,23 @@ def test_swap_against_recompute_prices_the_copies_and_the_extra_prefill():
     short, long = preemption_costs(a100, [128, 4000])
     assert short.recompute_s < 0.1 * short.swap_s and short.cheaper == "recompute"
     assert long.cheaper == "swap"
+
+
+def test_a_transfer_latency_makes_small_blocks_slow_to_swap():
+    llama = preset("llama-2-7b")
+    bytes_only = Roofline.of(llama, "a100-40gb", block_size=16)
+    with_latency = Roofline.of(llama, "a100-40gb", block_size=16, transfer_latency_s=5e-6)
+    work = StepWork(num_blocks_swapped=10)
+    extra = with_latency.seconds(work) - bytes_only.seconds(work)
+    assert extra == pytest.approx(10 * 2 * llama.num_layers * 5e-6)  # K and V, every layer
+    # Bytes alone do not depend on the block size; with a cost per transfer, the same 2,048
+    # tokens swap far slower in blocks of 4 than of 256, while recompute stays the same.
+    rows = {
+        bs: preemption_costs(Roofline.of(llama, "a100-40gb", bs, 5e-6), [2048])[0]
+        for bs in (4, 256)
+    }
+    assert rows[4].swap_s > 3 * rows[256].swap_s
+    assert rows[4].recompute_s == pytest.approx(rows[256].recompute_s)
+    assert (rows[4].cheaper, rows[256].cheaper) == ("recompute", "swap")
+    with pytest.raises(ValueError, match="transfer_latency_s=-1 is not allowed"):
+        Roofline.of(llama, "h100", transfer_latency_s=-1)

@@ -115,23 +115,35 @@ class Roofline:
     with it). The step takes the longer of the two, plus its swapped bytes over PCIe and
     its copied bytes through memory.
 
+    A swapped block is one PCIe transfer per layer for its keys and one for its values (the
+    layout of vLLM's per-layer caches), each paying ``transfer_latency_s`` on top of its
+    bytes: the fixed cost that makes small blocks slow to swap. It is an assumption, not a
+    datasheet figure (a few microseconds per ``cudaMemcpyAsync`` is typical); 0 counts bytes
+    only.
+
     Attributes:
         spec: the model (``kvlab.memory.KVSpec``: its weights, KV bytes per token).
         gpu: the datasheet figures.
         block_size: tokens per KV block (for copy and swap bytes).
+        transfer_latency_s: the fixed cost of one PCIe transfer, in seconds.
     """
 
     spec: KVSpec
     gpu: GPU
     block_size: int = 16
+    transfer_latency_s: float = 0.0
 
     @classmethod
-    def of(cls, spec: KVSpec, gpu: str | GPU, block_size: int = 16) -> Roofline:
+    def of(
+        cls, spec: KVSpec, gpu: str | GPU, block_size: int = 16, transfer_latency_s: float = 0.0
+    ) -> Roofline:
         if isinstance(gpu, str):
             if gpu not in GPUS:
                 raise ValueError(f"gpu={gpu!r} is not allowed: use one of {sorted(GPUS)}")
             gpu = GPUS[gpu]
-        return cls(spec, gpu, block_size)
+        if not transfer_latency_s >= 0:
+            raise ValueError(f"transfer_latency_s={transfer_latency_s!r} is not allowed: use >= 0")
+        return cls(spec, gpu, block_size, transfer_latency_s)
 
     @property
     def source(self) -> str:
@@ -147,7 +159,11 @@ class Roofline:
         )
         per_pair = 4 * spec.num_layers * spec.num_kv_heads * spec.head_dim
         flops = 2 * spec.num_params * work.num_tokens + per_pair * work.num_attention_pairs
-        swap = work.num_blocks_swapped * self.block_size * kv_token / gpu.pcie_bytes_per_s
+        per_block = (
+            self.block_size * kv_token / gpu.pcie_bytes_per_s
+            + 2 * spec.num_layers * self.transfer_latency_s  # keys and values, per layer
+        )
+        swap = work.num_blocks_swapped * per_block
         return max(memory / gpu.hbm_bytes_per_s, flops / gpu.peak_flops) + swap
 
 

@@ -252,10 +252,17 @@ class PreemptionCost:
 
 
 def preemption_costs(
-    cost, context_lens, num_decodes: int = 32, decode_context: int = 500, block_size: int = 16
+    cost, context_lens, num_decodes: int = 32, decode_context: int = 500, block_size=None
 ) -> list[PreemptionCost]:
     """Swap against recompute for sequences of ``context_lens`` tokens, in a step that also
-    decodes ``num_decodes`` sequences of ``decode_context`` tokens each."""
+    decodes ``num_decodes`` sequences of ``decode_context`` tokens each.
+
+    Args:
+        block_size: tokens per block; None takes the cost model's own (a ``Roofline``'s),
+            else 16.
+    """
+    if block_size is None:
+        block_size = getattr(cost, "block_size", 16)
     decodes = StepWork(
         num_decode_seqs=num_decodes,
         num_context_tokens=num_decodes * decode_context,

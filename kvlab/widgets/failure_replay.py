@@ -264,7 +264,9 @@ def _prefix_cache_snapshot(manager, step: int) -> PoolSnapshot:
         block_size=prefix_cache_grader.BLOCK_SIZE,
         manager=manager,
     )
-    return PoolSnapshot.of(cache, step)
+    slots = manager.usage()  # in slots: the cache holds no tensors, its bytes are 0
+    usage = CacheUsage(slots.num_slots, slots.num_reserved_slots, slots.num_used_slots)
+    return PoolSnapshot(tuple(cache.block_infos()), usage, cache.block_size, step)
 
 
 ARENA = _Exercise(
