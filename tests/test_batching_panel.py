@@ -12,6 +12,8 @@ import json
 import plotly.graph_objects as go
 import pytest
 
+from kvlab.engine.step_cost import Roofline
+from kvlab.memory import preset
 from kvlab.widgets import BatchingPanel
 from kvlab.widgets.batching_figures import comparison_figure, load_figure, timeline_figure
 from kvlab.widgets.batching_panel import PanelSettings
@@ -191,3 +193,40 @@ def test_figure_helpers_draw_one_row_or_line_per_run(panel):
     assert {t.name for t in load.data} == set(results)
     comparison = comparison_figure(results)
     assert list(comparison.data[0].x) == list(results)
+
+
+def test_on_a_step_cost_clock_the_token_budget_trades_stalls_for_ttft():
+    a100 = Roofline.of(preset("llama-2-7b"), "a100-40gb")
+    panel = BatchingPanel(
+        lengths="sharegpt",
+        step_cost=a100,
+        compare=False,
+        num_blocks=512,
+        max_num_seqs=8,
+        max_output_len=32,
+        run=False,
+    )
+    summaries = {}
+    for budget in (16, 512):
+        panel.set(max_num_batched_tokens=budget)
+        summaries[budget] = panel.results["continuous"].summary
+    small, large = summaries[16], summaries[512]
+    assert small["max_token_gap_p99"] < large["max_token_gap_p99"]  # chunks: no stall
+    assert small["ttft_p99"] > 3 * large["ttft_p99"]  # the long prompts wait for their chunks
+    assert "longest token gap p99" in panel.summary_text()
+
+
+def test_a_step_cost_without_seconds_is_refused():
+    with pytest.raises(ValueError, match="cost=3 is not allowed"):
+        BatchingPanel(step_cost=3, run=False)
+
+
+def test_a_quiet_panel_draws_the_pool_once_per_replay(monkeypatch):
+    from kvlab.widgets.step_view import StepView
+
+    live_draws = []
+    monkeypatch.setattr(StepView, "show_live", lambda self, *args: live_draws.append(args))
+    quiet = BatchingPanel(compare=False, live=False)
+    assert len(live_draws) == 1 and len(quiet._snapshots) > 1  # recorded, drawn at the end
+    BatchingPanel(compare=False)
+    assert len(live_draws) == 1 + len(quiet._snapshots) + 1  # live: every step, then the end

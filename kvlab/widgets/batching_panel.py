@@ -5,9 +5,14 @@
     panel                         # move a slider: the trace is replayed and every plot redrawn
 
 Every change replays ONE seeded trace (``kvlab.sim.trace.make_trace``: Poisson arrivals,
-Alpaca-like lengths) through ``kvlab.LLM``, once per scheduling policy, on a ``ManualClock``
-(each step lasts ``step_seconds``), so the numbers are exact and repeatable and a replay of
-the tiny model takes about a second on a CPU. What the panel shows:
+Alpaca-like lengths) through ``kvlab.LLM``, once per scheduling policy, on a simulated
+clock, so the numbers are exact and repeatable and a replay of the tiny model takes about
+a second on a CPU. The clock is a ``ManualClock`` (each step lasts ``step_seconds``) or,
+with ``step_cost=`` (a ``Roofline`` or a calibration of lab 04), a ``StepCostClock``: a
+step lasts what it computes, so a long prefill stalls the decodes beside it and the token
+budget's slider trades those stalls against the long prompts' TTFT
+(``BatchingPanel(lengths="sharegpt", step_cost=Roofline.of(preset("llama-2-7b"),
+"a100-40gb"))``). What the panel shows:
 
     page map      the KV pool, live during the run, then at any step (the step slider)
     memory gauge  the KV memory at the same step
@@ -44,6 +49,7 @@ import plotly.graph_objects as go
 from kvlab.engine.llm import LLM
 from kvlab.engine.metrics import ManualClock
 from kvlab.engine.scheduler_config import SCHEDULING_MODES, SchedulerConfig
+from kvlab.engine.step_cost import StepCostClock
 from kvlab.measure.replay import ReplayResult, TraceRequests, on_time_grid, replay
 from kvlab.model.loading import load_model
 from kvlab.sim.trace import LENGTH_PROFILES, make_trace
@@ -167,9 +173,13 @@ class BatchingPanel(widgets.VBox):
             (real, about 0.1-0.3 s per step on a CPU), or a loaded transformers model.
         num_requests, lengths, seed: the trace (``kvlab.sim.trace.make_trace``).
         max_output_len: outputs are cut to this many tokens, to keep a replay short.
-        step_seconds: simulated length of one engine step.
+        step_seconds: simulated length of one engine step (when ``step_cost`` is None).
+        step_cost: a cost model (``kvlab.engine.step_cost.Roofline``, ``LinearCost``): each
+            step lasts ``step_cost.seconds(work)`` instead of ``step_seconds``.
         preemption_mode, watermark: passed to ``kvlab.LLM``.
         compare: also replay the two other policies for the comparison plot.
+        live: redraw the page map at every step of a replay; False draws it once, at the
+            end (for sweeps: each redraw is a message to the browser).
         run: replay once now (else call ``run()``).
         **settings: starting values of the controls (``PanelSettings`` fields).
 
@@ -193,9 +203,11 @@ class BatchingPanel(widgets.VBox):
         seed: int = 0,
         max_output_len: int = 24,
         step_seconds: float = 0.025,
+        step_cost=None,
         preemption_mode: str = "recompute",
         watermark: float = 0.0,
         compare: bool = True,
+        live: bool = True,
         run: bool = True,
         **settings,
     ) -> None:
@@ -217,7 +229,11 @@ class BatchingPanel(widgets.VBox):
         self._trace_args = dict(num_requests=num_requests, lengths=lengths, seed=seed)
         self._max_output_len = max_output_len
         self._step_seconds = step_seconds
+        if step_cost is not None:
+            StepCostClock(step_cost)  # checks it now, not at the first replay
+        self._step_cost = step_cost
         self._compare = compare
+        self.live = live
         self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.results: dict[str, ReplayResult] = {}
         self.figure: go.Figure | None = None
@@ -336,7 +352,7 @@ class BatchingPanel(widgets.VBox):
             block_size=settings.block_size,
             num_blocks=settings.num_blocks,
             max_num_batched_tokens=settings.max_num_batched_tokens,
-            clock=ManualClock(self._step_seconds),
+            clock=self._clock(),
             **self._options,
         )
         self.num_replays += 1
@@ -348,11 +364,16 @@ class BatchingPanel(widgets.VBox):
         def on_step(stats) -> None:
             snapshot = PoolSnapshot.of(cache, stats.step, stats.time)
             self._snapshots.append(snapshot)
-            # Live: the page map moves while the replay runs.
-            title = f"{policy}: after step {snapshot.step}, t = {snapshot.time:.3f} s"
-            self.pool.show_live(snapshot, title)
+            if self.live:  # the page map moves while the replay runs
+                title = f"{policy}: after step {snapshot.step}, t = {snapshot.time:.3f} s"
+                self.pool.show_live(snapshot, title)
 
         return replay(llm, requests, on_step=on_step)
+
+    def _clock(self):
+        if self._step_cost is None:
+            return ManualClock(self._step_seconds)
+        return StepCostClock(self._step_cost)
 
     # ---- drawing -----------------------------------------------------------------------
 
@@ -383,6 +404,7 @@ class BatchingPanel(widgets.VBox):
             f"{self.settings.scheduling}: {s['num_requests']:.0f} requests in "
             f"{s['num_steps']:.0f} steps; E2E p50 {s['e2e_p50']:.3f} s, p99 "
             f"{s['e2e_p99']:.3f} s; TTFT p99 {s['ttft_p99']:.3f} s; "
+            f"longest token gap p99 {s['max_token_gap_p99']:.3f} s; "
             f"{s['output_tokens_per_s']:.0f} tokens/s; mean batch {s['mean_batch_size']:.2f}; "
             f"peak KV {s['kv_usage_peak']:.0%}; {s['num_preemptions']:.0f} preemptions"
         )
