@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kvlab.cache.manager import KVCacheManager, KVUsage, check_held
-from kvlab.exercises.grading import Verdict, engine_stopped, one_torch_thread
+from kvlab.exercises.grading import Verdict, engine_stopped, model_and_prompts, one_torch_thread
 
 
 def check_generation(manager_class, model=None, prompts=None) -> Verdict:
@@ -29,17 +29,9 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
     from kvlab.engine.llm_engine import LLMEngine
     from kvlab.engine.sampling_params import SamplingParams
     from kvlab.engine.scheduler_config import SchedulerConfig
-    from kvlab.model.loading import chat_prompt, load_model
     from kvlab.model.runner import ModelRunner
 
-    tokenizer = None
-    if model is None:
-        model, tokenizer = load_model("smollm2-135m", device="cpu")
-    if prompts is None:
-        if tokenizer is None:
-            raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
-        questions = ["What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3."]
-        prompts = [chat_prompt(tokenizer, q) for q in questions]
+    model, prompts = model_and_prompts(model, prompts)
     runner = ModelRunner(model, attention="sdpa")
     spec = runner.kv_spec()
     # Two samples of the first prompt share its blocks (fork) until each writes its own

@@ -43,7 +43,13 @@ from kvlab.exercises.block_manager_grader import (
     shrink,
     valid_ops,
 )
-from kvlab.exercises.grading import Report, Verdict, show_ops, shrunk_failures
+from kvlab.exercises.grading import (
+    Report,
+    Verdict,
+    show_ops,
+    shrunk_failures,
+    verdicts_until_failure,
+)
 
 __all__ = [
     "CRITERIA",
@@ -115,12 +121,10 @@ def check_block_manager(
         num_sequences,
         seed,
     )
-    for criterion in list(CRITERIA)[1:-1]:
-        if criterion in failures:
-            detail, why = failures[criterion]
-            verdicts.append(Verdict(criterion, False, detail, why))
-            return _report(verdicts)
-        verdicts.append(Verdict(criterion, True))
+    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
+    verdicts += graded
+    if failed:
+        return _report(verdicts)
     verdicts.append(check_generation(manager_class, model, prompts))
     return _report(verdicts)
 

@@ -37,7 +37,13 @@ import inspect
 
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.prefix_cache import match_prefix
-from kvlab.exercises.grading import Report, Verdict, show_ops, shrunk_failures
+from kvlab.exercises.grading import (
+    Report,
+    Verdict,
+    show_ops,
+    shrunk_failures,
+    verdicts_until_failure,
+)
 from kvlab.exercises.learner_pool import LearnerPool
 from kvlab.exercises.prefix_cache_engine import check_generation
 from kvlab.exercises.prefix_cache_grader import (
@@ -110,12 +116,10 @@ def check_prefix_cache(
         failure = probe(pool_class)
         if failure is not None:
             failures.setdefault(failure[0], failure[1:])
-    for criterion in list(CRITERIA)[1:-1]:
-        if criterion in failures:
-            detail, why = failures[criterion]
-            verdicts.append(Verdict(criterion, False, detail, why))
-            return _report(verdicts)
-        verdicts.append(Verdict(criterion, True))
+    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
+    verdicts += graded
+    if failed:
+        return _report(verdicts)
     verdicts.append(check_generation(pool_class, model, tokenizer))
     return _report(verdicts)
 

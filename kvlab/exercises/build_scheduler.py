@@ -42,8 +42,10 @@ from kvlab.exercises.grading import (
     Report,
     Verdict,
     engine_stopped,
+    model_and_prompts,
     one_torch_thread,
     shrunk_failures,
+    verdicts_until_failure,
 )
 from kvlab.exercises.scheduler_grader import (
     first_difference,
@@ -131,12 +133,10 @@ def check_scheduler(
         num_traces,
         seed,
     )
-    for criterion in list(CRITERIA)[1:-1]:
-        if criterion in failures:
-            detail, why = failures[criterion]
-            verdicts.append(Verdict(criterion, False, detail, why))
-            return _report(verdicts)
-        verdicts.append(Verdict(criterion, True))
+    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
+    verdicts += graded
+    if failed:
+        return _report(verdicts)
     verdicts.append(check_generation(scheduler_class, model, prompts))
     return _report(verdicts)
 
@@ -203,17 +203,9 @@ def check_generation(scheduler_class, model=None, prompts=None) -> Verdict:
     """
     from kvlab.cache.paged import PagedKVCache
     from kvlab.engine.llm_engine import LLMEngine
-    from kvlab.model.loading import chat_prompt, load_model
     from kvlab.model.runner import ModelRunner
 
-    tokenizer = None
-    if model is None:
-        model, tokenizer = load_model("smollm2-135m", device="cpu")
-    if prompts is None:
-        if tokenizer is None:
-            raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
-        questions = ["What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3."]
-        prompts = [chat_prompt(tokenizer, q) for q in questions]
+    model, prompts = model_and_prompts(model, prompts)
     runner = ModelRunner(model, attention="sdpa")
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

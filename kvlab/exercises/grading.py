@@ -138,6 +138,37 @@ def shrink_loop(
     return ops
 
 
+def verdicts_until_failure(criteria: list[str], failures: dict[str, tuple[str, str]]):
+    """One verdict per criterion, in order, up to and including the first that ``failures``
+    (``criterion -> (detail, misconception)``) holds; and whether one failed."""
+    verdicts = []
+    for criterion in criteria:
+        if criterion in failures:
+            detail, why = failures[criterion]
+            verdicts.append(Verdict(criterion, False, detail, why))
+            return verdicts, True
+        verdicts.append(Verdict(criterion, True))
+    return verdicts, False
+
+
+CHAT_QUESTIONS = ("What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3.")
+
+
+def model_and_prompts(model=None, prompts=None):
+    """``(model, prompts)`` for a check's generation: SmolLM2 and four chat prompts by
+    default; prompts must be given with any other model (it may have no tokenizer)."""
+    from kvlab.model.loading import chat_prompt, load_model
+
+    tokenizer = None
+    if model is None:
+        model, tokenizer = load_model("smollm2-135m", device="cpu")
+    if prompts is None:
+        if tokenizer is None:
+            raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
+        prompts = [chat_prompt(tokenizer, question) for question in CHAT_QUESTIONS]
+    return model, prompts
+
+
 @contextlib.contextmanager
 def one_torch_thread():
     """Run a check's real generation on one torch thread, then restore the count: on a
