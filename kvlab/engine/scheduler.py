@@ -309,20 +309,9 @@ class Scheduler(SwapScheduling):
         for request in candidates:
             if budget <= 0 or self.num_seats + seats_of(request) > self.config.max_num_seqs:
                 break
-            admission = self.kv.admit(
-                request.seq_id,
-                request.token_ids,
-                token_budget=budget,
-                max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
-                # The reserve does not apply when nothing runs: a request that fits alone
-                # is never starved.
-                watermark=self.config.watermark if self.running else 0.0,
-            )
-            if admission is None:
+            num_new = self.kv_admit(request, budget)
+            if num_new is None:
                 break
-            num_hit, num_new = admission
-            self._count_prefix_lookup(request, num_hit)
-            request.num_computed_tokens = num_hit
             admitted.append(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -334,6 +323,33 @@ class Scheduler(SwapScheduling):
                 self._batch.add(request.seq_id)
         for request in admitted:
             self.waiting.remove(request)
+
+    def kv_admit(self, request: Request, budget: float) -> int | None:
+        """Start a waiting ``request`` in the KV pool if its first step fits.
+
+        Its first step computes at most ``budget`` tokens of its prompt (prompt and
+        outputs so far, after a preemption); cached prefix blocks are adopted, and
+        ``request.num_computed_tokens`` set to the tokens they hold.
+
+        Returns:
+            the tokens its first step computes, or None when it does not fit (nothing
+            changed).
+        """
+        admission = self.kv.admit(
+            request.seq_id,
+            request.token_ids,
+            token_budget=budget,
+            max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
+            # The reserve does not apply when nothing runs: a request that fits alone is
+            # never starved.
+            watermark=self.config.watermark if self.running else 0.0,
+        )
+        if admission is None:
+            return None
+        num_hit, num_new = admission
+        self._count_prefix_lookup(request, num_hit)
+        request.num_computed_tokens = num_hit
+        return num_new
 
     def _may_admit(self, request: Request) -> bool:
         return self._continuous or request.seq_id in self._batch or not self._batch

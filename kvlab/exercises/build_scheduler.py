@@ -271,5 +271,6 @@ def reveal_scheduler() -> str:
             Scheduler._preempt_until_fits,
             Scheduler._preempt,
             Scheduler._admit_waiting,
+            Scheduler.kv_admit,
         )
     )

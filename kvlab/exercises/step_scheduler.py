@@ -15,7 +15,8 @@ and two helpers that talk to the KV bookkeeping for them:
                                       CacheFullError (and no change) when blocks run out
     kv_admit(request, budget)         start a waiting request: the tokens its first step
                                       computes (at most budget), or None when it does not
-                                      fit; the pool's admission rule decides (watermark)
+                                      fit; the pool's admission rule decides (watermark).
+                                      It is kvlab's own (``Scheduler.kv_admit``).
 
 It supports the setting lab 04's build-it grades: continuous batching, first come first
 served, preemption by recompute, one sample per request (``n=1``).
@@ -82,7 +83,7 @@ class StepScheduler(Scheduler):
         """Start waiting requests, first come first served, while they fit."""
         raise NotImplementedError
 
-    # ---- helpers -------------------------------------------------------------------------
+    # ---- helpers (kv_admit is the Scheduler's own) -----------------------------------------
 
     def allocate(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
         """KV slots for ``request``'s next ``num_new`` tokens (copies noted in ``out``).
@@ -93,28 +94,3 @@ class StepScheduler(Scheduler):
         start = request.num_computed_tokens
         token_ids = request.token_ids[start : start + num_new]
         out.blocks_to_copy += self.kv.allocate_slots(request.seq_id, num_new, token_ids)
-
-    def kv_admit(self, request: Request, budget: int) -> int | None:
-        """Start a waiting ``request`` in the KV pool if its first step fits.
-
-        Its first step computes at most ``budget`` tokens of its prompt (prompt and
-        outputs so far, after a preemption); cached prefix blocks are adopted, and
-        ``request.num_computed_tokens`` set to the tokens they hold.
-
-        Returns:
-            the tokens its first step computes, or None when it does not fit (nothing
-            changed).
-        """
-        admission = self.kv.admit(
-            request.seq_id,
-            request.token_ids,
-            token_budget=budget,
-            max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
-            watermark=self.config.watermark if self.running else 0.0,
-        )
-        if admission is None:
-            return None
-        num_hit, num_new = admission
-        self._count_prefix_lookup(request, num_hit)
-        request.num_computed_tokens = num_hit
-        return num_new
