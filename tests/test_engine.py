@@ -191,11 +191,61 @@ def test_prefetch_brings_swapped_blocks_back_a_step_early(tiny):
     expected = tokens(
         LLM(tiny, num_blocks=256, block_size=4).generate(prompts, params, use_tqdm=False)
     )
-    llm = LLM(tiny, num_blocks=12, block_size=4, max_num_seqs=4, preemption_mode="swap")
-    seen = []
-    assert tokens(llm.generate(prompts, params, use_tqdm=False, on_step=seen.append)) == expected
-    assert llm.metrics.num_prefetched > 0
-    assert any(s.swapped_in for s in seen) and any(s.swapped_out for s in seen)
+    runs = {}
+    for prefetch in (True, False):
+        llm = LLM(
+            tiny,
+            num_blocks=12,
+            block_size=4,
+            max_num_seqs=4,
+            preemption_mode="swap",
+            prefetch=prefetch,
+        )
+        copied = count_swap_copies(llm)
+        seen = []
+        assert tokens(llm.generate(prompts, params, use_tqdm=False, on_step=seen.append)) == (
+            expected
+        )
+        assert any(s.swapped_in for s in seen) and any(s.swapped_out for s in seen)
+        # Every block copied is counted once: in the step that waited for it, or as
+        # prefetched in the step whose compute hid it (not again when its request resumes).
+        assert sum(s.num_blocks_swapped for s in seen) == copied["waited"]
+        assert sum(s.num_blocks_prefetched for s in seen) == copied["prefetched"]
+        runs[prefetch] = llm.metrics
+    assert runs[True].num_prefetched > 0
+    assert runs[False].num_prefetched == 0
+    with pytest.raises(ValueError, match="prefetch='yes' is not allowed"):
+        LLM(tiny, num_blocks=12, block_size=4, preemption_mode="swap", prefetch="yes")
+
+
+def count_swap_copies(llm) -> dict[str, int]:
+    """Count the blocks ``llm``'s swap space really copies, split by who asked for them."""
+    swap, scheduler = llm.engine.swap_space, llm.engine.scheduler
+    copied = {"waited": 0, "prefetched": 0}
+    in_prefetch = [False]
+    swap_out, copy_in, prefetch = swap.swap_out, swap._copy_in, scheduler.prefetch
+
+    def counting_swap_out(seq_id, num_tokens):
+        copied["waited"] += swap.blocks_for(num_tokens)
+        swap_out(seq_id, num_tokens)
+
+    def counting_copy_in(cpu_blocks, device_blocks):
+        copied["prefetched" if in_prefetch[0] else "waited"] += len(cpu_blocks)
+        copy_in(cpu_blocks, device_blocks)
+
+    def flagged_prefetch(out):
+        in_prefetch[0] = True
+        try:
+            return prefetch(out)
+        finally:
+            in_prefetch[0] = False
+
+    swap.swap_out, swap._copy_in, scheduler.prefetch = (
+        counting_swap_out,
+        counting_copy_in,
+        flagged_prefetch,
+    )
+    return copied
 
 
 # ---- clock, arrivals, metrics ------------------------------------------------------------------

@@ -200,3 +200,24 @@ def test_a_transfer_latency_makes_small_blocks_slow_to_swap():
     assert (rows[4].cheaper, rows[256].cheaper) == ("recompute", "swap")
     with pytest.raises(ValueError, match="transfer_latency_s=-1 is not allowed"):
         Roofline.of(llama, "h100", transfer_latency_s=-1)
+
+
+def test_a_prefetch_costs_only_the_copy_time_the_step_compute_does_not_cover():
+    spec = preset("llama-2-7b")
+    a100 = Roofline.of(spec, "a100-40gb")
+    decode = StepWork(num_decode_seqs=4, num_context_tokens=400)
+    compute = a100.seconds(decode)  # about 9 ms: reading the weights
+    per_block = 16 * spec.bytes_per_token / GPUS["a100-40gb"].pcie_bytes_per_s
+    few = StepWork(num_decode_seqs=4, num_context_tokens=400, num_blocks_prefetched=10)
+    assert 10 * per_block < compute and a100.seconds(few) == pytest.approx(compute)  # hidden
+    many = StepWork(num_decode_seqs=4, num_context_tokens=400, num_blocks_prefetched=100)
+    assert a100.seconds(many) == pytest.approx(100 * per_block)  # the copy outlasts the step
+    waited = StepWork(num_decode_seqs=4, num_context_tokens=400, num_blocks_swapped=10)
+    assert a100.seconds(waited) == pytest.approx(compute + 10 * per_block)
+    # A cost fitted on a CPU has no side stream: a prefetched block costs a swapped one.
+    cpu = LinearCost(0.01, 0.001, 0.004, 0.0, per_block_swapped=0.002)
+    gpu = LinearCost(0.01, 0.001, 0.004, 0.0, per_block_swapped=0.002, overlaps_prefetch=True)
+    work = StepWork(num_decode_seqs=2, num_blocks_prefetched=3)
+    assert cpu.seconds(work) == pytest.approx(0.018 + 0.006)
+    assert gpu.seconds(work) == pytest.approx(0.018)
+    assert gpu.seconds(StepWork(num_blocks_prefetched=10)) == pytest.approx(0.02)  # 0.01 + 0.01

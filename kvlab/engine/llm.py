@@ -68,6 +68,8 @@ class LLM:
         enable_prefix_caching: reuse the KV blocks of equal prompt prefixes (paged).
         preemption_mode: when KV blocks run out: ``"recompute"`` or ``"swap"`` (paged).
         swap_space_bytes: CPU memory for swapped blocks; defaults to the KV pool's size.
+        prefetch: swap only: copy a swapped request back a step before it resumes, while
+            the step before computes (False: the resuming step waits for the copy).
         attention_backend: ``"sdpa"`` (PyTorch SDPA; the decode rows of a step batched into
             one call), ``"reference"`` (one sequence at a time) or ``"triton"`` (kvlab's
             kernels); see ``kvlab.attention``.
@@ -102,6 +104,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         preemption_mode: str = "recompute",
         swap_space_bytes: int | None = None,
+        prefetch: bool = True,
         attention_backend: str = "sdpa",
         watermark: float = 0.0,
         reservation_policy: str = "max_model_len",
@@ -132,6 +135,7 @@ class LLM:
             watermark=watermark,
             preemption_mode=preemption_mode,
             scheduling_policy=scheduling_policy,
+            prefetch=prefetch,
         )  # checks its own fields
         self.model, self.tokenizer = _load(model, tokenizer, device, dtype)
         runner = ModelRunner(self.model, attention=attention_backend)

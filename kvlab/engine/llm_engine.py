@@ -204,7 +204,7 @@ class LLMEngine:
             self.metrics.start_time = now
         if self.swap_space is not None:
             self.swap_space.wait()  # blocks swapped in by earlier steps are on the device
-            self.scheduler.prefetch()  # start copying back what the next step may resume
+            self.scheduler.prefetch(out)  # start copying back what the next step may resume
         self.cache.copy_blocks(out.blocks_to_copy)  # copy-on-write, before anything writes
         logits, work = self._forward(out)  # (num_seqs, vocab_size), what the step computed
         self.last_step_work = work
@@ -238,14 +238,14 @@ class LLMEngine:
         device = self.runner.device
         batch = ForwardBatch.build(seq_ids, num_computed, out.num_new_tokens, device)
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
-        swapped = out.swapped_out + out.swapped_in
         work = StepWork(
             num_prefill_tokens=out.num_tokens - num_decode,
             num_decode_seqs=num_decode,
             num_context_tokens=context,
             num_attention_pairs=pairs,
             num_blocks_copied=len(out.blocks_to_copy),
-            num_blocks_swapped=sum(self.kv.blocks_for(r.num_computed_tokens) for r in swapped),
+            num_blocks_swapped=out.num_blocks_swapped,
+            num_blocks_prefetched=out.num_blocks_prefetched,
         )
         return self.runner.forward(ids, batch, self.cache), work
 
@@ -383,6 +383,8 @@ class LLMEngine:
             preempted=tuple(r.request_id for r in out.preempted),
             swapped_out=tuple(r.request_id for r in out.swapped_out),
             swapped_in=tuple(r.request_id for r in out.swapped_in),
+            num_blocks_swapped=out.num_blocks_swapped,
+            num_blocks_prefetched=out.num_blocks_prefetched,
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
             num_swapped=len(scheduler.swapped),

@@ -149,6 +149,8 @@ class StepStats:
         num_prefill_tokens, num_decode_tokens: this step's tokens, split by kind.
         admitted, finished: ``request_id`` of samples that started or ended this step.
         preempted, swapped_out, swapped_in: samples moved by memory pressure this step.
+        num_blocks_swapped, num_blocks_prefetched: KV blocks copied to or from CPU memory
+            that the step waited for, and those copied back while it computed (prefetch).
         num_running, num_waiting, num_swapped: queue depths after the step.
         kv_usage: share of the KV pool held by sequences after the step (0..1).
         kv_utilization: share of the held KV memory that holds tokens (used / reserved).
@@ -168,6 +170,8 @@ class StepStats:
     preempted: tuple[str, ...]
     swapped_out: tuple[str, ...]
     swapped_in: tuple[str, ...]
+    num_blocks_swapped: int
+    num_blocks_prefetched: int
     num_running: int
     num_waiting: int
     num_swapped: int

@@ -44,6 +44,10 @@ class SchedulerConfig:
         scheduling_policy: order of the waiting queue: ``"fcfs"`` (arrival) or
             ``"priority"`` (lower ``priority`` first, then arrival; preemption then takes
             the lowest-priority running request).
+        prefetch: swap only: start copying a swapped request's blocks back one step before
+            it resumes, when memory allows (the seed article's Prefetch Engine), so the copy
+            runs while that step computes; False copies them back in the step that resumes
+            it, which waits for the copy.
     """
 
     scheduling: str = "continuous"
@@ -53,6 +57,7 @@ class SchedulerConfig:
     watermark: float = 0.0
     preemption_mode: str = "recompute"
     scheduling_policy: str = "fcfs"
+    prefetch: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("scheduling", self.scheduling, SCHEDULING_MODES)
@@ -68,6 +73,8 @@ class SchedulerConfig:
                 f"max_num_seqs={self.max_num_seqs}: use at least max_num_seqs, so every "
                 "running sequence can decode one token per step"
             )
+        if not isinstance(self.prefetch, bool):
+            raise ValueError(f"prefetch={self.prefetch!r} is not allowed: use True or False")
         timeout = self.batch_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
             raise ValueError(f"batch_timeout={timeout!r} is not allowed: use seconds >= 0 (finite)")

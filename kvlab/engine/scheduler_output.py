@@ -1,8 +1,9 @@
 """What the scheduler plans for one step: ``SchedulerOutput``, the scheduler's only output.
 
 The engine reads it to build the step's batch (``requests``, ``num_new_tokens``), to copy
-blocks before anything writes (``blocks_to_copy``), and to report what moved
-(``admitted``, ``preempted``, ``swapped_out``, ``swapped_in``). It is vLLM's
+blocks before anything writes (``blocks_to_copy``), to report what moved (``admitted``,
+``preempted``, ``swapped_out``, ``swapped_in``), and to time the swaps the step waits for
+or hides (``num_blocks_swapped``, ``num_blocks_prefetched``). It is vLLM's
 ``SchedulerOutput`` (``vllm/v1/core/sched/output.py``) cut to what kvlab needs.
 
 Not handled: per-request sampling metadata, structured-output masks, KV connector state.
@@ -27,6 +28,10 @@ class SchedulerOutput:
         swapped_out, swapped_in: the subset that went to / came back from the CPU pool.
         blocks_to_copy: ``(src, dst)`` blocks whose K/V the storage must copy before the
             step runs (copy-on-write), in order.
+        num_blocks_swapped: blocks copied between the device and CPU memory that the step
+            waits for: swapped out, and swapped in without a prefetch.
+        num_blocks_prefetched: blocks whose copy back to the device started during this
+            step, for a request a later step resumes (``Scheduler.prefetch``).
     """
 
     requests: list[Request] = field(default_factory=list)
@@ -36,6 +41,8 @@ class SchedulerOutput:
     swapped_out: list[Request] = field(default_factory=list)
     swapped_in: list[Request] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    num_blocks_swapped: int = 0
+    num_blocks_prefetched: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -14,8 +14,12 @@ With ``preemption_mode="swap"`` a preempted request's blocks are copied to a CPU
 the scheduler's core (batching, admission, recompute) reads on its own; it uses the
 scheduler's queues and counters and is not meant to be used alone.
 
-Not handled: swapping a request in pieces; overlap accounting (the step-cost clock adds
-the copy time of every swapped block).
+Each step's ``SchedulerOutput`` counts the blocks it moved: ``num_blocks_swapped`` (out,
+and in without a prefetch: the step waits for them) and ``num_blocks_prefetched`` (copies
+that run while the step computes). The step-cost clock charges the first in full and the
+second only where the copy outlasts the step (``kvlab.engine.step_cost``).
+
+Not handled: swapping a request in pieces.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class SwapScheduling:
         swap.copy_blocks(out.blocks_to_copy)
         out.blocks_to_copy.clear()
         swap.swap_out(victim.seq_id, victim.num_computed_tokens)
+        out.num_blocks_swapped += swap.blocks_for(victim.num_computed_tokens)
         victim.status = RequestStatus.SWAPPED
         self.swapped.append(victim)
         self.num_swap_outs += 1
@@ -85,7 +90,10 @@ class SwapScheduling:
             if self.num_seats + seats_of(request) > self.config.max_num_seqs:
                 break
             try:
-                swap.swap_in(request.seq_id, request.token_ids[: request.num_computed_tokens])
+                # 0 blocks if a prefetch already copied them back: this step does not wait.
+                out.num_blocks_swapped += swap.swap_in(
+                    request.seq_id, request.token_ids[: request.num_computed_tokens]
+                )
             except CacheFullError:
                 break
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -108,18 +116,20 @@ class SwapScheduling:
             budget -= num_new
         return budget
 
-    def prefetch(self) -> list[Request]:
+    def prefetch(self, out: SchedulerOutput) -> list[Request]:
         """Start copying swapped requests back before the step that will resume them.
 
-        Call it after ``schedule`` (this step's blocks are taken). A swapped request is
-        prefetched when its blocks fit with room to spare: one block for every running
-        sequence (each may need one next step) plus the watermark.
+        Call it after ``schedule`` planned ``out`` (this step's blocks are taken); the
+        copies run while that step computes, and ``out.num_blocks_prefetched`` counts them.
+        A swapped request is prefetched when the batching rule and the seats would let it
+        run, and its blocks fit with room to spare: one block for every running sequence
+        (each may need one next step) plus the watermark. Off with ``config.prefetch``.
 
         Returns:
             the requests whose copy started.
         """
         swap = self.swap_space
-        if swap is None:
+        if swap is None or not self.config.prefetch:
             return []
         started = []
         seats = self.num_seats
@@ -134,7 +144,9 @@ class SwapScheduling:
             if self.kv.num_free_blocks - need < spare:
                 break
             try:
-                swap.swap_in(request.seq_id, request.token_ids[: request.num_computed_tokens])
+                out.num_blocks_prefetched += swap.swap_in(
+                    request.seq_id, request.token_ids[: request.num_computed_tokens]
+                )
             except CacheFullError:
                 break
             self.num_prefetched += 1

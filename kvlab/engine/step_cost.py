@@ -5,7 +5,8 @@ prefill costs no more than one decode: chunked prefill, the token budget and swa
 look free. ``StepCostClock`` gives each step the time its work takes under a cost model:
 
     StepWork     what a step computed: prefill tokens, decode sequences, the K/V tokens
-                 attention read, query-key pairs, blocks copied (copy-on-write) and swapped
+                 attention read, query-key pairs, blocks copied (copy-on-write), swapped
+                 (the step waits for them) and prefetched (copied while it computes)
     LinearCost   seconds = base + a * prefill tokens + b * decode seqs + c * context tokens
                  + d * blocks copied + e * blocks swapped, fitted on the real model on this
                  machine (``kvlab.measure.step_cost.calibrate``)
@@ -13,11 +14,20 @@ look free. ``StepCostClock`` gives each step the time its work takes under a cos
                  read once, K/V read) or by arithmetic, whichever takes longer, plus the
                  swapped bytes over PCIe (``Roofline.of(spec, "h100")``)
 
+A prefetched block is copied over PCIe while the step computes (a side CUDA stream), so it
+costs the step nothing unless the copies outlast the compute:
+
+    seconds = compute + swapped copies + max(0, prefetched copies - compute)
+
+``Roofline`` always overlaps. ``LinearCost`` overlaps only when it was fitted on a GPU
+(``overlaps_prefetch``): on a CPU the copy back is a plain copy that the step waits for.
+
     clock = StepCostClock(Roofline.of(preset("llama-2-7b"), "a100-40gb"))
     LLM(model, clock=clock, ...)      # a step's length now follows what it computed
 
-Not handled: overlap of swaps with compute (a swap adds its copy time), kernel launch
-costs, tensor parallelism, measured GPU timings (the roofline is an estimate).
+Not handled: kernel launch costs, tensor parallelism, PCIe shared by swaps and prefetches
+in the same step (each is timed as if it had the link alone), measured GPU timings (the
+roofline is an estimate).
 """
 
 from __future__ import annotations
@@ -39,7 +49,10 @@ class StepWork:
         num_attention_pairs: query-key pairs attention scored (a prefill chunk of n tokens
             after c computed ones scores n * c + n * (n + 1) / 2).
         num_blocks_copied: blocks copied on the device (copy-on-write).
-        num_blocks_swapped: blocks moved between the device and CPU memory (out and in).
+        num_blocks_swapped: blocks moved between the device and CPU memory that the step
+            waits for (swapped out; swapped in without a prefetch).
+        num_blocks_prefetched: blocks copied back to the device while the step computes,
+            for requests a later step resumes.
     """
 
     num_prefill_tokens: int = 0
@@ -48,6 +61,7 @@ class StepWork:
     num_attention_pairs: int = 0
     num_blocks_copied: int = 0
     num_blocks_swapped: int = 0
+    num_blocks_prefetched: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -62,8 +76,12 @@ class LinearCost:
     Attributes:
         base: seconds every step pays (reading the weights once, the step's overheads).
         per_prefill_token, per_decode_seq, per_context_token, per_block_copied,
-        per_block_swapped: seconds per item of ``StepWork``.
+        per_block_swapped: seconds per item of ``StepWork`` (a prefetched block costs what
+            a swapped one does).
         source: where the numbers come from (the machine and model they were fitted on).
+        overlaps_prefetch: whether a prefetched block's copy runs beside the step's compute
+            (True on a GPU, which copies on a side stream; False on a CPU, where the step
+            waits for it as for a swapped block).
     """
 
     base: float
@@ -73,16 +91,21 @@ class LinearCost:
     per_block_copied: float = 0.0
     per_block_swapped: float = 0.0
     source: str = ""
+    overlaps_prefetch: bool = False
 
     def seconds(self, work: StepWork) -> float:
-        return (
+        compute = (
             self.base
             + self.per_prefill_token * work.num_prefill_tokens
             + self.per_decode_seq * work.num_decode_seqs
             + self.per_context_token * work.num_context_tokens
             + self.per_block_copied * work.num_blocks_copied
-            + self.per_block_swapped * work.num_blocks_swapped
         )
+        swap = self.per_block_swapped * work.num_blocks_swapped
+        prefetch = self.per_block_swapped * work.num_blocks_prefetched
+        if not self.overlaps_prefetch:
+            return compute + swap + prefetch
+        return compute + swap + max(0.0, prefetch - compute)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -113,7 +136,8 @@ class Roofline:
     per parameter per token, plus attention's 4 per query-key pair per layer and KV head
     dimension (one query head per KV head: exact without grouped-query attention, low
     with it). The step takes the longer of the two, plus its swapped bytes over PCIe and
-    its copied bytes through memory.
+    its copied bytes through memory. Prefetched blocks cross PCIe while the step computes:
+    they add only what their copy takes beyond the step's compute.
 
     A swapped block is one PCIe transfer per layer for its keys and one for its values (the
     layout of vLLM's per-layer caches), each paying ``transfer_latency_s`` on top of its
@@ -163,8 +187,9 @@ class Roofline:
             self.block_size * kv_token / gpu.pcie_bytes_per_s
             + 2 * spec.num_layers * self.transfer_latency_s  # keys and values, per layer
         )
-        swap = work.num_blocks_swapped * per_block
-        return max(memory / gpu.hbm_bytes_per_s, flops / gpu.peak_flops) + swap
+        compute = max(memory / gpu.hbm_bytes_per_s, flops / gpu.peak_flops)
+        prefetch = work.num_blocks_prefetched * per_block
+        return compute + work.num_blocks_swapped * per_block + max(0.0, prefetch - compute)
 
 
 class StepCostClock:

@@ -190,6 +190,7 @@ def calibrate(
         per_block_copied=copy,
         per_block_swapped=swap,
         source=fitted.source,
+        overlaps_prefetch=next(model.parameters()).device.type == "cuda",
     )
     check = samples["check"]
     result = Calibration(
