@@ -15,7 +15,13 @@ import kvlab
 from kvlab import LLM, SamplingParams
 from kvlab.engine.step_cost import GPUS, LinearCost, Roofline, StepCostClock, StepWork
 from kvlab.measure.replay import TraceRequests, replay
-from kvlab.measure.step_cost import calibrate, fit, median_error, preemption_costs
+from kvlab.measure.step_cost import (
+    calibrate,
+    fit,
+    median_error,
+    median_steps,
+    preemption_costs,
+)
 from kvlab.memory import preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -134,6 +140,14 @@ def test_a_calibration_is_cached_and_predicts_its_own_check_steps(tiny_model, tm
     assert list(tmp_path.glob("*.json"))
     again = calibrate(tiny_model, num_requests=6, cache_dir=tmp_path, progress=False)
     assert again == first  # loaded, not measured again
+
+
+def test_repeated_runs_give_each_step_its_median_time():
+    a, b = StepWork(num_decode_seqs=1), StepWork(num_prefill_tokens=8)
+    runs = [[(a, 0.010), (b, 0.050)], [(a, 0.090), (b, 0.020)], [(a, 0.011), (b, 0.021)]]
+    assert median_steps(runs) == [(a, 0.011), (b, 0.021)]
+    with pytest.raises(RuntimeError, match="took different steps"):
+        median_steps([[(a, 0.01)], [(b, 0.01)]])
 
 
 def median_error_of(pairs):

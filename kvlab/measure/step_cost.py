@@ -5,7 +5,7 @@ times every step. It fits ``kvlab.engine.step_cost.LinearCost`` on the first (le
 squares, no negative cost) and reports how far its predictions fall from the measured
 steps of the second, which it was not fitted on: the median absolute error, as a share
 of each step's measured time. The result is cached per model, machine, torch version and
-thread count, so a lab pays for it once (about 20 s for SmolLM2 on one CPU thread).
+thread count, so a lab pays for it once (about 35 s for SmolLM2 on one CPU thread).
 
     python -m kvlab.measure.step_cost --threads 1      # fit, check, print the coefficients
 
@@ -104,6 +104,20 @@ def measure_steps(llm: LLM, prompts, output_lens, progress=None) -> list[tuple[S
     return samples
 
 
+def median_steps(runs: list[list[tuple[StepWork, float]]]) -> list[tuple[StepWork, float]]:
+    """Each step's median time over runs of one workload.
+
+    NOTE: one timing per step is noisy on a shared machine (and a step of a new shape is a
+    few percent slower the first time). The same workload served again takes the same
+    steps (the schedule depends only on lengths), so the median of a few runs keeps each
+    step's typical time: with one run, three fits on one machine erred by 7%, 17% and 34%.
+    """
+    works = [[work for work, _ in run] for run in runs]
+    if any(w != works[0] for w in works[1:]):
+        raise RuntimeError("the repeated runs of a calibration workload took different steps")
+    return [(work, statistics.median(run[i][1] for run in runs)) for i, work in enumerate(works[0])]
+
+
 def _workload(seed: int, num_requests: int, vocab_size: int):
     rng = np.random.default_rng(seed)
     prompts = [
@@ -144,6 +158,7 @@ def calibrate(
     *,
     seed: int = 0,
     num_requests: int = 16,
+    repeats: int = 3,
     refresh: bool = False,
     cache_dir: Path | None = CACHE_DIR,
     progress: bool = True,
@@ -153,12 +168,13 @@ def calibrate(
     Args:
         model: a loaded model (``kvlab.load_model``); its device is used.
         seed, num_requests: the workloads (the check workload uses ``seed + 1``).
+        repeats: runs of each workload; each step's time is the median of its runs.
         refresh: measure again even when a cached calibration exists.
         cache_dir: where calibrations are kept; None keeps nothing.
         progress: show a progress bar over the measured steps.
     """
     machine = _machine(model)
-    key = hashlib.sha256(f"{machine}|{seed}|{num_requests}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{machine}|{seed}|{num_requests}|{repeats}".encode()).hexdigest()[:16]
     path = cache_dir / f"{key}.json" if cache_dir is not None else None
     if path is not None and path.exists() and not refresh:
         return _load(path)
@@ -180,7 +196,8 @@ def calibrate(
         )
         prompts, outputs = _workload(seed + offset, num_requests, vocab_size)
         measure_steps(llm, prompts[:2], [2, 2])  # warm-up: first calls are slower
-        samples[name] = measure_steps(llm, prompts, outputs, bar)
+        runs = [measure_steps(llm, prompts, outputs, bar) for _ in range(repeats)]
+        samples[name] = median_steps(runs)
     if bar is not None:
         bar.close()
     copy, swap = _per_block_seconds(llm)
