@@ -2,16 +2,20 @@
 
     Recording()                             an ``on_step`` callback for
                                             ``kvlab.measure.serve.serve``: after every
-                                            step it keeps the pool (for a StepView), the
-                                            cache's fragmentation and, if asked, the
-                                            block tables
+                                            step (once the requests that finished in it
+                                            freed their memory) it keeps the pool (for a
+                                            StepView), the cache's fragmentation and, if
+                                            asked, the block tables
+    recording.last_table(seq_id)            the last step at which a sequence held
+                                            blocks, and its block table then
     recording.view(title, weight_bytes)     a step slider, page map and memory gauge over
                                             the run, resting on its fullest step
     recording.in_hindsight(final_slots)     each step's fragmentation with the held slots
                                             the sequences wrote later split off as
                                             ``reservation`` (the paper's four kinds)
     describe_fullest(history, label)        the step where a cache held the most tokens,
-                                            in words, and the mean use over all steps
+                                            in words, and the mean use over the steps
+                                            that held memory
 
 Not handled: the engine's widgets (lab 04's batching panel is ``kvlab.widgets``).
 """
@@ -56,6 +60,18 @@ class Recording:
         if self.record_tables:
             self.tables.append({s: cache.block_table(s) for s in cache.manager.seq_ids()})
 
+    def last_table(self, seq_id: int) -> tuple[int, list[int]]:
+        """The last step at which ``seq_id`` held blocks, and its block table then.
+
+        A sequence frees its blocks in the step that finishes it, so this is its table one
+        step before its end: the token it fed in its last step may have taken one block
+        more.
+        """
+        for step in range(len(self.tables) - 1, -1, -1):
+            if seq_id in self.tables[step]:
+                return step, self.tables[step][seq_id]
+        raise ValueError(f"seq_id={seq_id!r} holds no block in any recorded step")
+
     def in_hindsight(self, final_slots: dict[int, int]) -> list[Fragmentation]:
         """Each step's fragmentation, its ``internal`` split once the run is over.
 
@@ -85,12 +101,13 @@ def describe_fullest(history: list[Fragmentation], label: str) -> tuple[str, Fra
     """
     peak = max(history, key=lambda f: f.used)
     step = history.index(peak)
-    mean_use = sum(f.used / f.reserved for f in history) / len(history)
+    holding = [f for f in history if f.reserved]  # the last step may have freed everything
+    mean_use = sum(f.used / f.reserved for f in holding) / len(holding)
     text = (
         f"{label}, at its fullest (step {step}):\n"
         f"  {peak}\n"
         f"  reserved {peak.reserved:,} slots ({format_bytes(peak.reserved * peak.bytes_per_slot)})"
         f", of which {peak.used / peak.reserved:.1%} hold tokens; "
-        f"mean over {len(history)} steps: {mean_use:.1%}"
+        f"mean over {len(holding)} steps: {mean_use:.1%}"
     )
     return text, peak

@@ -108,3 +108,26 @@ def test_the_readmes_module_map_lists_every_module_at_about_its_size():
         if abs(listed[path] - n) > max(10, n // 10)
     }
     assert not off, f"README line counts (listed, actual) to refresh: {off}"
+
+
+# A model's forward pass is called by the serving loop, and by nothing else that steps
+# requests: a second loop is a second truth about admission, preemption and timing.
+FORWARD_CALLERS = {
+    "engine/llm_engine.py": "LLMEngine.step: the one serving loop",
+    "model/greedy.py": "greedy_generate: lab 01's naive loop, the oracle the engine is held to",
+    "measure/serve.py": "greedy_step: one hand-driven step with no scheduling (lab 03's fork)",
+    "measure/decode_step.py": "a benchmark that times one decode step",
+}
+
+
+def test_only_the_engine_steps_requests_through_a_model():
+    callers = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "forward"
+            ):
+                callers.add(str(path.relative_to(PACKAGE)))
+    assert callers == set(FORWARD_CALLERS), sorted(callers)

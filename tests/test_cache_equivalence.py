@@ -11,7 +11,6 @@ the whole suite.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -120,11 +119,12 @@ def test_batch_of_different_lengths_matches_generate(tiny, case):
     runner = ModelRunner(tiny)
     cache = case.build(runner, NUM_SLOTS)
     assert greedy_with_declared_requests(runner, cache, prompts, NEW_TOKENS, eos) == expected
-    result = serve(runner, case.build(runner, NUM_SLOTS), prompts, NEW_TOKENS, eos)
-    assert result.outputs == expected and not result.refused
+    if case.bounded:  # the engine serves pooled caches
+        result = serve(runner, case.build(runner, NUM_SLOTS), prompts, NEW_TOKENS, eos)
+        assert result.outputs == expected and not result.refused
 
 
-@by_name(CACHES)
+@by_name(BOUNDED)
 def test_staggered_requests_with_a_shared_prefix_match_generate(tiny, case):
     """Requests arrive while others run or after they finished; all share a prefix.
 
@@ -146,17 +146,22 @@ def test_staggered_requests_with_a_shared_prefix_match_generate(tiny, case):
 
 
 @by_name(BOUNDED)
-def test_a_request_that_cannot_fit_is_refused_and_the_others_finish(tiny, case):
-    """100 slots hold requests 0 and 1 to the end; request 2's 80-token prompt does not fit."""
+def test_a_request_that_does_not_fit_waits_or_is_refused_and_the_others_finish(tiny, case):
+    """100 slots hold requests 0 and 1; request 2's 80-token prompt waits for a paged
+    cache's blocks, and is refused by a contiguous one (its max_model_len is 50 here)."""
     prompts = random_prompts(tiny.config.vocab_size, [10, 20, 80])
     eos = eos_of(tiny)
-    expected = hf_greedy_batch(tiny, prompts[:2], 16, eos)
+    expected = hf_greedy_batch(tiny, prompts, 16, eos)
     runner = ModelRunner(tiny)
     cache = case.build(runner, 100)
     result = serve(runner, cache, prompts, 16, eos)
-    assert list(result.refused) == [2]
-    assert re.search(r"free|max_model_len", result.refused[2]), result.refused[2]
-    assert result.outputs[:2] == expected and result.outputs[2] is None
+    assert result.outputs[:2] == expected[:2]
+    if case.name.startswith("contiguous"):
+        assert list(result.refused) == [2] and "max_model_len=50" in result.refused[2]
+        assert result.outputs[2] is None
+    else:
+        assert not result.refused
+        assert result.outputs[2] == expected[2] and result.start_steps[2] > 0
     assert cache.usage().reserved_bytes == 0  # everything was given back
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import random_prompts
 
-from kvlab.cache import CacheFullError, ContiguousKVCache, NaiveKVCache, PagedKVCache
+from kvlab.cache import ContiguousKVCache, NaiveKVCache, PagedKVCache
 from kvlab.labs import Recording, describe_fullest
 from kvlab.measure.experiments import (
     Fragmentation,
@@ -72,6 +72,8 @@ def test_describe_fullest_names_the_step_with_the_most_tokens():
     assert text.startswith("demo, at its fullest (step 1):")
     assert "reserved 50 slots (400 B), of which 80.0% hold tokens" in text
     assert "mean over 3 steps: 60.0%" in text  # (5/15 + 40/50 + 20/30) / 3
+    emptied = history + [Fragmentation(100, 0, 0, 0, 8)]  # a last step that freed everything
+    assert "mean over 3 steps: 60.0%" in describe_fullest(emptied, "demo")[0]
 
 
 def test_fragmentation_shares_add_up():
@@ -86,7 +88,8 @@ def test_fragmentation_shares_add_up():
 def test_max_model_len_concurrency_is_capacity_over_max_model_len():
     result = max_concurrency(lambda: contiguous(1000, "max_model_len", 128), [20, 7], [5, 30])
     assert result.num_seqs == 1000 // 128
-    assert "needs 128 contiguous slots" in result.refusal
+    assert result.reason.startswith("request 7 could not start with the others: ")
+    assert "needs 128 contiguous slots" in result.reason
 
 
 def test_exact_concurrency_counts_whole_reservations():
@@ -106,7 +109,7 @@ def test_paged_concurrency_counts_blocks_at_the_peak():
     # ones 20 at the end; a 6th long one would need 24.
     staggered = max_concurrency(lambda: paged(20), [4, 4], [1, 13])
     assert staggered.num_seqs == 11
-    assert "free blocks" in staggered.refusal
+    assert "the pool ran out" in staggered.reason and "preempted" in staggered.reason
 
 
 def test_paged_concurrency_ignores_the_prefix_cache():
@@ -116,9 +119,22 @@ def test_paged_concurrency_ignores_the_prefix_cache():
     assert plain == cached
 
 
-def test_unbounded_cache_stops_at_the_limit():
-    result = max_concurrency(lambda: NaiveKVCache(*SHAPE), [3], [3], limit=50)
-    assert result.num_seqs == 50 and result.refusal == ""
+def test_a_large_enough_pool_stops_at_the_limit():
+    result = max_concurrency(lambda: paged(1000), [3], [3], limit=50)
+    assert result.num_seqs == 50 and result.reason == ""
+
+
+def test_a_paged_request_that_cannot_start_says_how_many_blocks_it_needs():
+    # 11-token prompts take 3 blocks of 4 (and 2 output tokens fill the third): six of them
+    # hold 18 of 20 blocks, and a seventh waits.
+    result = max_concurrency(lambda: paged(20), [11], [2])
+    assert result.num_seqs == 6
+    assert result.reason == (
+        "request 6 could not start with the others: its 11 prompt tokens need 3 blocks; 2 are free"
+    )
+    # Requests that end in their first step free their blocks before the reason is asked.
+    ending = max_concurrency(lambda: paged(20), [11], [1])
+    assert ending.reason == "request 6 could not start with the others"
 
 
 def test_max_concurrency_checks_its_workload():
@@ -126,6 +142,8 @@ def test_max_concurrency_checks_its_workload():
         max_concurrency(lambda: paged(4), [1, 2], [1])
     with pytest.raises(ValueError, match="at least one"):
         max_concurrency(lambda: paged(4), [0], [1])
+    with pytest.raises(ValueError, match="at least each request's output length"):
+        max_concurrency(lambda: paged(4), [2], [5], max_tokens=[4])
 
 
 # ---- block-size trade-off -------------------------------------------------------------------
@@ -147,20 +165,28 @@ def runner(tiny):
     return ModelRunner(tiny)
 
 
-def test_serve_refuses_and_records_the_reason(runner):
+def test_serve_a_request_that_does_not_fit_waits_for_room(runner):
     cache = ContiguousKVCache(2, 2, 16, 60, "exact", device="cpu")
     prompts = random_prompts(256, [10, 30, 12])
-    # Reservations of 18 and 38 slots leave 4; request 2 needs 20 when it arrives.
+    # Reservations of 18 and 38 slots leave 4; request 2 needs 20 when it arrives at step 2,
+    # and starts when the first two have finished (8 tokens each: steps 0-7).
     result = serve(runner, cache, prompts, 8, arrival_steps=[0, 0, 2])
-    assert result.refused == {
-        2: "seq 2 needs 20 contiguous slots; 4 of 60 are free but the largest hole has 4"
-    }
-    assert result.outputs[2] is None
-    assert [len(result.outputs[i]) for i in (0, 1)] == [8, 8]
-    assert result.num_steps == 8
+    assert result.start_steps == [0, 0, 8] and result.arrival_steps == [0, 0, 2]
+    assert [len(out) for out in result.outputs] == [8, 8, 8] and not result.refused
+    alone = serve(runner, ContiguousKVCache(2, 2, 16, 60, "exact", device="cpu"), prompts[2:], 8)
+    assert result.outputs[2] == alone.outputs[0]
+    assert result.num_steps == 16
 
 
-def test_serve_calls_on_step_before_freeing(runner):
+def test_serve_refuses_a_request_that_could_never_fit_and_serves_the_others(runner):
+    cache = ContiguousKVCache(2, 2, 16, 60, "exact", device="cpu")
+    result = serve(runner, cache, random_prompts(256, [10, 70, 12]), 4)
+    assert result.refused == {1: "prompt_len + max_tokens = 74 exceeds max_model_len=60"}
+    assert result.outputs[1] is None and result.start_steps[1] is None
+    assert [len(result.outputs[i]) for i in (0, 2)] == [4, 4]
+
+
+def test_serve_calls_on_step_once_the_finished_requests_freed_their_memory(runner):
     cache = PagedKVCache(2, 2, 16, 16, 4, device="cpu")
     seen = []
     serve(
@@ -168,16 +194,16 @@ def test_serve_calls_on_step_before_freeing(runner):
         cache,
         random_prompts(256, [6]),
         3,
-        on_step=lambda s, c: seen.append((s, c.num_tokens(0))),
+        on_step=lambda s, c: seen.append((s, c.num_tokens(0) if 0 in c else None)),
     )
-    assert seen == [(0, 6), (1, 7), (2, 8)]
+    assert seen == [(0, 6), (1, 7), (2, None)]
     assert cache.num_free_blocks == 16
 
 
 def test_serve_waits_for_a_late_arrival(runner):
     cache = PagedKVCache(2, 2, 16, 16, 4, device="cpu")
     result = serve(runner, cache, random_prompts(256, [5, 5]), 2, arrival_steps=[0, 7])
-    assert result.num_steps == 4 and not result.refused
+    assert result.num_steps == 4 and result.start_steps == [0, 7] and not result.refused
 
 
 def test_serve_adopts_cached_prefix_blocks(runner):
@@ -186,43 +212,46 @@ def test_serve_adopts_cached_prefix_blocks(runner):
     result = serve(runner, cache, [prompt, prompt + [7]], 4, arrival_steps=[0, 10])
     assert result.num_cached_tokens == [0, 8]  # two full blocks of 4; the rest is computed
     assert len(result.outputs[1]) == 4
+    # A later serve on the same cache finds them too.
+    again = serve(runner, cache, [prompt], 4)
+    assert again.num_cached_tokens == [8] and again.outputs[0] == result.outputs[0]
 
 
-def test_serve_raises_when_a_running_request_cannot_grow(runner):
-    cache = PagedKVCache(2, 2, 16, 2, 4, device="cpu")
-    with pytest.raises(CacheFullError, match="free blocks"):
-        serve(runner, cache, random_prompts(256, [7]), 6)
-    assert cache.num_free_blocks == 2  # everything given back
+def test_serve_preempts_when_the_pool_runs_out_and_the_tokens_stay_the_same(runner):
+    # Each request ends with 5 + 6 - 1 = 10 slots = 3 blocks of 4; together they need 6 of 4.
+    prompts = random_prompts(256, [5, 5])
+    result = serve(runner, PagedKVCache(2, 2, 16, 4, 4, device="cpu"), prompts, 6)
+    assert result.num_preemptions >= 1
+    for i, prompt in enumerate(prompts):
+        alone = serve(runner, PagedKVCache(2, 2, 16, 4, 4, device="cpu"), [prompt], 6)
+        assert result.outputs[i] == alone.outputs[0]
 
 
 def test_serve_checks_its_arguments(runner):
-    cache = NaiveKVCache(2, 2, 16)
-    with pytest.raises(ValueError, match="max_new_tokens"):
+    cache = PagedKVCache(2, 2, 16, 16, 4, device="cpu")
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
         serve(runner, cache, [[1]], 0)
     with pytest.raises(ValueError, match="non-empty"):
         serve(runner, cache, [[]], 2)
-    with pytest.raises(ValueError, match="one entry per prompt"):
+    with pytest.raises(ValueError, match="one per prompt"):
         serve(runner, cache, [[1]], 2, arrival_steps=[0, 1])
+    with pytest.raises(TypeError, match="pooled cache"):
+        serve(runner, NaiveKVCache(2, 2, 16), [[1]], 2)
+    assert serve(runner, cache, [[1]], 2).outputs[0] is not None  # the cache is still usable
 
 
-def test_serve_uses_the_given_seq_ids(runner):
-    cache = PagedKVCache(2, 2, 16, 32, 4, device="cpu", enable_prefix_caching=True)
-    prompt = random_prompts(256, [9])[0]
-    cache.allocate_slots(0, 5)  # someone else's sequence 0 stays untouched
-    seen = []
-    result = serve(
-        runner,
-        cache,
-        [prompt, prompt],
-        3,
-        arrival_steps=[0, 5],
-        seq_ids=[7, 3],
-        on_step=lambda step, c: seen.append(sorted(c.manager.seq_ids())),
-    )
-    assert seen == [[0, 7]] * 3 + [[0, 3]] * 3
-    assert result.outputs[0] == result.outputs[1] and result.num_cached_tokens == [0, 8]
-    with pytest.raises(ValueError, match="distinct"):
-        serve(runner, cache, [prompt, prompt], 3, seq_ids=[1, 1])
+def test_a_recording_keeps_each_sequences_last_block_table(runner):
+    cache = paged_tiny(20)
+    recording = Recording(tables=True)
+    serve(runner, cache, random_prompts(256, [10, 5]), 4, on_step=recording)
+    # Steps 0-2 hold both sequences; step 3 finishes them and frees every block.
+    assert recording.tables[-1] == {}
+    step, table = recording.last_table(0)
+    # 12 tokens at step 2 (10 + the 2 fed since): 3 blocks of 4. Step 3 fed a 13th into a
+    # fourth block, and freed it with the rest.
+    assert step == 2 and table == recording.tables[2][0] and len(table) == 3
+    with pytest.raises(ValueError, match="seq_id=7"):
+        recording.last_table(7)
 
 
 @pytest.mark.parametrize("make_cache", [lambda: contiguous_tiny(80), lambda: paged_tiny(20)])

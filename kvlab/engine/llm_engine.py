@@ -180,6 +180,13 @@ class LLMEngine:
                 request.status = RequestStatus.FINISHED
                 request.finish_reason = "abort"
 
+    def seq_id_of(self, request_id: str) -> int:
+        """The cache's ``seq_id`` of an unfinished request's first sample."""
+        samples = self._samples.get(str(request_id))
+        if samples is None:
+            raise ValueError(f"request_id={request_id!r} is not an unfinished request here")
+        return samples[0].seq_id
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending) or self.scheduler.has_unfinished()
 

@@ -164,12 +164,13 @@ def check_generation(arena_class, model, prompts) -> Verdict:
             )
             results[name] = serve(runner, cache, prompts, 12, arrival_steps=arrivals)
     yours, kvlab = results["yours"], results["kvlab"]
-    if yours.refused != kvlab.refused:
+    if yours.start_steps != kvlab.start_steps:
         return Verdict(
             "generation",
             False,
-            f"your arena refused {yours.refused}, kvlab's refused {kvlab.refused}",
-            "a reserve refused a range that a hole could hold",
+            f"with your arena the requests started at steps {yours.start_steps}, with "
+            f"kvlab's at {kvlab.start_steps} (they arrived at {arrivals})",
+            "a reserve refused a range that a hole could hold, so a request waited",
         )
     if yours.outputs == kvlab.outputs:
         return Verdict(

@@ -216,7 +216,7 @@ def check_generation(kernel, model=None) -> Verdict:
     (prefill steps use kvlab's prefill kernel), against the reference backend."""
     from kvlab.attention import triton_attention
     from kvlab.cache.paged import PagedKVCache
-    from kvlab.model.greedy import greedy_generate
+    from kvlab.measure.serve import serve
     from kvlab.model.loading import load_model
     from kvlab.model.runner import ModelRunner
 
@@ -241,7 +241,7 @@ def check_generation(kernel, model=None) -> Verdict:
             for name, backend in (("yours", attention), ("reference", "reference")):
                 runner = ModelRunner(model, attention=backend)
                 cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=32, block_size=4)
-                outputs[name] = greedy_generate(runner, cache, prompts, max_new_tokens=8)
+                outputs[name] = serve(runner, cache, prompts, max_new_tokens=8).outputs
     except Exception as error:  # noqa: BLE001 - the learner's kernel inside the model
         return engine_stopped(error)
     if outputs["yours"] != outputs["reference"]:

@@ -15,7 +15,8 @@ ask each allocator the same questions:
                    any free block serves any paged request)
 
 * ``max_concurrency``: the most requests of a workload that run together in one cache
-  from their first token to their last, found by replaying the allocations only (no model).
+  from their first token to their last, found by serving them through the engine with no
+  model (``kvlab.engine.model_free``).
 * ``block_size_tradeoff``: what each block size costs in empty slots and in block-table
   entries (the seed article's pitfall: "lowest memory is not always best").
 
@@ -28,11 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvlab.cache.base import KVCache, PooledKVCache
+from kvlab.cache.base import PooledKVCache
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import CacheFullError
-
-StepCallback = Callable[[int, KVCache], None]
+from kvlab.engine.llm_engine import LLMEngine
+from kvlab.engine.metrics import ManualClock
+from kvlab.engine.model_free import ModelFreeRunner
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler_config import SchedulerConfig
 
 # ---- fragmentation --------------------------------------------------------------------------
 
@@ -119,16 +123,17 @@ class Concurrency:
     """The answer of ``max_concurrency``.
 
     Attributes:
-        num_seqs: the most requests that ran together with no allocation refused.
-        refusal: the cache's message when one more was tried ("" if ``limit`` was reached).
+        num_seqs: the most requests that ran together, start to finish, with none waiting
+            and none preempted.
+        reason: what stopped one more, in words ("" if ``limit`` was reached).
     """
 
     num_seqs: int
-    refusal: str
+    reason: str
 
 
 def max_concurrency(
-    make_cache: Callable[[], KVCache],
+    make_cache: Callable[[], PooledKVCache],
     prompt_lens: Sequence[int],
     output_lens: Sequence[int],
     max_tokens: Sequence[int] | None = None,
@@ -137,34 +142,39 @@ def max_concurrency(
     """The most requests of a workload that run together in one cache, start to finish.
 
     Request ``i`` has ``prompt_lens[i % k]`` prompt tokens and generates ``output_lens[i % k]``
-    (the workload repeats). As in ``serve``, all of them start at step 0 and each step
-    every unfinished one stores one more token; ``n`` requests fit when no allocation is
-    refused on the way. Only the allocations are replayed, in a fresh ``make_cache()`` per
-    try: no model runs. More requests never need less memory, so a binary search finds
-    the answer.
+    (the workload repeats). ``n`` requests arrive together at step 0 of ``LLMEngine`` over a
+    fresh ``make_cache()``, with ``n`` seats and no token budget; they fit when all of them
+    start in the first step and none is preempted before it ends. The model is
+    ``ModelFreeRunner``, which ends every request at its output length: only the cache's
+    bookkeeping does real work. More requests never need less memory, so a binary search
+    finds the answer.
 
     Args:
         make_cache: builds an empty cache (the same budget every time).
         prompt_lens, output_lens: the workload's request lengths.
-        max_tokens: output lengths the requests declare to ``add_request`` (default:
-            ``output_lens``, i.e. an oracle that knows them).
-        limit: stop searching here (a cache without a memory limit never refuses).
+        max_tokens: output lengths the requests declare (a contiguous cache reserves from
+            them; default: ``output_lens``, i.e. an oracle that knows them).
+        limit: stop searching here.
     """
     if len(prompt_lens) != len(output_lens) or not prompt_lens:
         raise ValueError("prompt_lens and output_lens need the same, non-zero length")
     if min(prompt_lens) <= 0 or min(output_lens) <= 0:
         raise ValueError("every request needs at least one prompt and one output token")
     declared = list(max_tokens) if max_tokens is not None else list(output_lens)
+    if len(declared) != len(output_lens):
+        raise ValueError("max_tokens needs one entry per request of the workload")
+    if any(d < o for d, o in zip(declared, output_lens, strict=True)):
+        raise ValueError("max_tokens must be at least each request's output length")
     workload = list(zip(prompt_lens, output_lens, declared, strict=True))
 
-    def refusal(num_seqs: int) -> str | None:
+    def why_not(num_seqs: int) -> str | None:
         requests = [workload[i % len(workload)] for i in range(num_seqs)]
-        return _replay(make_cache(), requests)
+        return _run_together(make_cache(), requests)
 
     fits, refused, why = 0, 0, ""
     num_seqs = 1
     while not refused:
-        reason = refusal(num_seqs)
+        reason = why_not(num_seqs)
         if reason is not None:
             refused, why = num_seqs, reason
         elif num_seqs >= limit:
@@ -173,7 +183,7 @@ def max_concurrency(
             fits, num_seqs = num_seqs, min(2 * num_seqs, limit)
     while refused - fits > 1:
         middle = (fits + refused) // 2
-        reason = refusal(middle)
+        reason = why_not(middle)
         if reason is None:
             fits = middle
         else:
@@ -181,29 +191,64 @@ def max_concurrency(
     return Concurrency(fits, why)
 
 
-def _replay(cache: KVCache, requests: list[tuple[int, int, int]]) -> str | None:
-    """Allocate like ``serve`` for requests (prompt_len, output_len, max_tokens) started
-    together; the first refusal's message, or None when all of them finish."""
-    next_id = 0
-    try:
-        for seq_id, (prompt_len, _, declared) in enumerate(requests):
-            # Distinct made-up token ids: no request finds another's blocks in a prefix cache.
-            prompt = list(range(next_id, next_id + prompt_len))
-            next_id += prompt_len
-            cache.add_request(seq_id, prompt, declared)
-            cache.allocate_slots(seq_id, prompt_len)
-        # Step s (s >= 1) feeds output token s; a request with n output tokens feeds n - 1
-        # of them (its last one is never fed back), then frees its memory.
-        longest = max(output_len for _, output_len, _ in requests)
-        for step in range(1, longest):
-            for seq_id, (_, output_len, _) in enumerate(requests):
-                if output_len == step:
-                    cache.free(seq_id)
-                elif output_len > step:
-                    cache.allocate_slots(seq_id, 1)
-    except (CacheFullError, ValueError) as error:
-        return str(error)
+def _run_together(cache: PooledKVCache, requests: list[tuple[int, int, int]]) -> str | None:
+    """Serve requests (prompt_len, output_len, max_tokens) arriving together, through the
+    engine with no model; None when all ran at once to the end, else what stopped them."""
+    runner = ModelFreeRunner(vocab_size=1 << 40)
+    num = len(requests)
+    total_prompt = sum(prompt_len for prompt_len, _, _ in requests)
+    engine = LLMEngine(
+        runner,
+        cache,
+        SchedulerConfig(max_num_seqs=num, max_num_batched_tokens=total_prompt + num),
+        clock=ManualClock(1.0),
+        eos_token_id=ModelFreeRunner.EOS,
+    )
+    prompts, next_id = [], 2  # token ids 0 and 1 are the runner's outputs
+    for i, (prompt_len, output_len, declared) in enumerate(requests):
+        # Distinct made-up token ids: no request finds another's blocks in a prefix cache.
+        prompts.append(list(range(next_id, next_id + prompt_len)))
+        next_id += prompt_len
+        params = SamplingParams(temperature=0, max_tokens=declared)
+        try:
+            engine.add_request(str(i), prompts[i], params)
+        except ValueError as error:
+            return str(error)
+        runner.stop_after(engine.seq_id_of(str(i)), prompt_len, output_len)
+    while engine.has_unfinished_requests():
+        engine.step()
+        step = engine.metrics.steps[-1]
+        if step.step == 0 and step.num_waiting:
+            first = num - step.num_waiting  # first come, first served: the rest wait behind it
+            why = f"request {first} could not start with the others"
+            if step.finished:  # the pool is no longer as admission saw it
+                return why
+            seq_id = engine.seq_id_of(str(first))
+            return f"{why}: " + _why_waiting(
+                cache.manager, seq_id, prompts[first], requests[first][2]
+            )
+        if step.preempted:
+            return (
+                f"at step {step.step} the pool ran out and request {step.preempted[0]} was "
+                f"preempted ({cache.manager.num_free_blocks} blocks free)"
+            )
     return None
+
+
+def _why_waiting(kv, seq_id: int, prompt: list[int], max_tokens: int) -> str:
+    """Why a new sequence cannot start now, in the manager's own words where it has them.
+
+    NOTE: a contiguous manager explains a refusal when it places the range (which hole was
+    too short); registering the sequence and freeing it again asks for that explanation and
+    leaves the bookkeeping as it was.
+    """
+    try:
+        kv.add_sequence(seq_id, prompt, max_tokens)
+    except CacheFullError as error:
+        return str(error)
+    kv.free(seq_id)
+    need = kv.blocks_for(len(prompt))
+    return f"its {len(prompt)} prompt tokens need {need} blocks; {kv.num_free_blocks} are free"
 
 
 # ---- the block-size trade-off ---------------------------------------------------------------

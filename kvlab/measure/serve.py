@@ -1,14 +1,21 @@
-"""Serving real requests through one KV cache, the way labs 02 and 03 do.
+"""Serving real requests through one KV cache, the way labs 02 and 03 do, on the engine.
 
-``serve`` is greedy generation for a list of requests, where each request deals with the
-cache the way a server's requests do (``kvlab.model.greedy.greedy_generate`` does none of
-it): it declares itself (``add_request``: a contiguous reservation, or a paged
-prefix-cache lookup that may skip part of its prefill), names the tokens it stores (so
-full blocks get a ``block_hash``), may arrive at a later step, and is *refused*, with the
-cache's reason, when it does not fit, while the requests already running go on.
+``serve`` hands a list of prompts to ``kvlab.engine.llm_engine.LLMEngine`` over the cache
+a lab built, and steps it to the end: the one serving loop every lab uses. Each request
+declares itself to the cache when the scheduler admits it (a contiguous reservation, or a
+paged prefix-cache lookup that may skip part of its prefill), may arrive at a later step,
+and *waits*, first come first served, while it does not fit; the requests already running
+go on. A request that could never fit, even alone, is refused with the engine's reason.
+Steps are counted on a ``ManualClock`` of one second per step, so a step's index is its
+start time, and ``arrival_steps`` are times on that clock.
 
-Not handled: preemption (a running sequence that cannot grow raises ``CacheFullError``;
-lab 04's scheduler preempts instead), sampling (greedy only), chunked prefill.
+    result = serve(runner, cache, prompts, max_new_tokens=24, eos_token_id=eos,
+                   arrival_steps=[0, 0, 8], on_step=Recording())
+    result.outputs[i], result.start_steps[i], result.final_slots
+
+Not handled: sampling (greedy only), a token budget (every prompt is computed whole in
+the step that admits it). Preemption is the engine's: a running request that cannot grow
+takes the newest one's blocks (recompute).
 """
 
 from __future__ import annotations
@@ -18,9 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.base import KVCache
-from kvlab.cache.manager import CacheFullError
+from kvlab.cache.base import KVCache, PooledKVCache
 from kvlab.cache.step import ForwardBatch
+from kvlab.engine.llm_engine import LLMEngine
+from kvlab.engine.metrics import ManualClock, StepStats
+from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]
@@ -32,119 +42,111 @@ class ServeResult:
 
     Attributes:
         outputs: the new token ids of each request; None for a refused one.
-        refused: request index -> the cache's reason for refusing it.
+        refused: request index -> the engine's reason why it could never fit.
+        arrival_steps: the step at which each request arrived.
+        start_steps: the step at which each request first ran (None if refused): a
+            request that did not fit when it arrived waited ``start - arrival`` steps.
         num_cached_tokens: prompt tokens each request found in the prefix cache (their
             K/V were reused, not computed).
-        num_steps: forward steps run.
+        num_steps: engine steps run.
+        num_preemptions: running requests preempted because the pool ran out.
         final_slots: ``seq_id -> slots it had written when it ended`` (prompt + outputs
             - 1: its last token is never fed back), for each request that ran.
     """
 
     outputs: list[list[int] | None]
     refused: dict[int, str]
+    arrival_steps: list[int]
+    start_steps: list[int | None]
     num_cached_tokens: list[int]
     num_steps: int
+    num_preemptions: int
     final_slots: dict[int, int]
 
 
 def serve(
     runner: ModelRunner,
-    cache: KVCache,
+    cache: PooledKVCache,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     eos_token_id: int | None = None,
     arrival_steps: Sequence[int] | None = None,
-    max_tokens: Sequence[int] | None = None,
     on_step: StepCallback | None = None,
-    seq_ids: Sequence[int] | None = None,
 ) -> ServeResult:
-    """Generate greedily for every request that the cache admits.
-
-    Each step: the running requests take a slot for their newest token, then the requests
-    arriving now are admitted in order (or refused), then one forward pass runs them all.
+    """Generate greedily for every request, through ``LLMEngine`` over ``cache``.
 
     Args:
         runner: the model.
-        cache: any ``KVCache``.
+        cache: a contiguous or paged cache (its sequences must all be free).
         prompts: token ids of each request.
-        max_new_tokens: tokens each request generates at most (fewer when EOS comes).
+        max_new_tokens: tokens each request generates at most (fewer when EOS comes); also
+            the ``max_tokens`` it declares, from which a contiguous reservation is sized.
         eos_token_id: ends a request when generated; None never stops early.
         arrival_steps: the step at which each request arrives (default: all at step 0).
-        max_tokens: the output length each request declares to ``add_request``, from which
-            a contiguous reservation is sized (default: ``max_new_tokens``). An oracle
-            passes the true output lengths.
-        on_step: called after every forward pass as ``on_step(step, cache)``, before the
-            requests that just finished free their memory (the cache at its fullest).
-        seq_ids: each request's ``seq_id`` in the cache (default: 0, 1, 2, ...); other
-            sequences the cache holds stay untouched.
-
-    Raises:
-        CacheFullError: a running request cannot grow (nothing here preempts); everything
-            the requests held is freed first.
+        on_step: called after every step as ``on_step(step, cache)``, once the requests
+            that finished in it have freed their memory.
     """
     num = len(prompts)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is not allowed: use an int > 0")
     if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an int > 0")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
     arrivals = list(arrival_steps) if arrival_steps is not None else [0] * num
-    declared = list(max_tokens) if max_tokens is not None else [max_new_tokens] * num
-    ids = list(seq_ids) if seq_ids is not None else list(range(num))
-    if not len(arrivals) == len(declared) == len(ids) == num or len(set(ids)) != num:
+    if len(arrivals) != num:
         raise ValueError(
-            "arrival_steps, max_tokens and seq_ids need one entry per prompt (distinct seq_ids)"
+            f"arrival_steps has {len(arrivals)} entries for {num} prompts: give one per prompt"
         )
-    outputs: list[list[int] | None] = [None] * num
+    engine = LLMEngine(
+        runner,
+        cache,
+        SchedulerConfig(
+            max_num_seqs=num,
+            # Room for every prompt at once: a prompt is computed whole in its first step.
+            max_num_batched_tokens=sum(len(p) for p in prompts) + num,
+        ),
+        clock=ManualClock(step_seconds=1.0),
+        eos_token_id=eos_token_id,
+        on_step=None if on_step is None else _step_callback(on_step, cache),
+    )
+    params = SamplingParams(temperature=0, max_tokens=max_new_tokens)
     refused: dict[int, str] = {}
+    for i, (prompt, arrival) in enumerate(zip(prompts, arrivals, strict=True)):
+        try:
+            engine.add_request(str(i), list(prompt), params, arrival_time=float(arrival))
+        except ValueError as error:
+            refused[i] = str(error)
+    seq_ids = {i: engine.seq_id_of(str(i)) for i in range(num) if i not in refused}
+    finished = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[int(output.request_id)] = output
+    outputs: list[list[int] | None] = [None] * num
+    start_steps: list[int | None] = [None] * num
     num_cached = [0] * num
-    pending: dict[int, list[int]] = {}  # running request -> tokens to feed this step
-    computed: dict[int, int] = {}  # running request -> tokens with K/V in the cache
-    queue = sorted(range(num), key=lambda i: (arrivals[i], i))
-    step = num_steps = 0
-    try:
-        while queue or pending:
-            for i, tokens in pending.items():  # decodes: one new token each
-                _allocate(cache, ids[i], tokens)
-            while queue and arrivals[queue[0]] <= step:
-                i = queue.pop(0)
-                cached, reason = _admit(cache, ids[i], list(prompts[i]), declared[i])
-                if reason is not None:
-                    refused[i] = reason
-                    continue
-                num_cached[i], computed[i], outputs[i] = cached, cached, []
-                pending[i] = list(prompts[i][cached:])
-            if not pending:
-                step = arrivals[queue[0]] if queue else step
-                continue
-            running = list(pending)
-            next_tokens = greedy_step(
-                runner,
-                cache,
-                [ids[i] for i in running],
-                [computed[i] for i in running],
-                [pending[i] for i in running],
-            )
-            finished = []
-            for i, token in zip(running, next_tokens, strict=True):
-                computed[i] += len(pending[i])
-                outputs[i].append(token)
-                pending[i] = [token]
-                if len(outputs[i]) == max_new_tokens or token == eos_token_id:
-                    finished.append(i)
-            if on_step is not None:
-                on_step(step, cache)
-            for i in finished:
-                cache.free(ids[i])
-                del pending[i]
-            step += 1
-            num_steps += 1
-    finally:
-        for i in pending:
-            cache.free(ids[i])
-    final_slots = {
-        ids[i]: len(prompts[i]) + len(out) - 1 for i, out in enumerate(outputs) if out is not None
-    }
-    return ServeResult(outputs, refused, num_cached, num_steps, final_slots)
+    for i, output in finished.items():
+        outputs[i] = output.outputs[0].token_ids
+        start_steps[i] = round(output.metrics.arrival_time + output.metrics.queue_time)
+        num_cached[i] = output.metrics.num_cached_tokens
+    final_slots = {seq_ids[i]: len(prompts[i]) + len(outputs[i]) - 1 for i in seq_ids if outputs[i]}
+    return ServeResult(
+        outputs,
+        refused,
+        arrivals,
+        start_steps,
+        num_cached,
+        len(engine.metrics.steps),
+        engine.metrics.num_preemptions,
+        final_slots,
+    )
+
+
+def _step_callback(on_step: StepCallback, cache: KVCache) -> Callable[[StepStats], None]:
+    """The engine's ``on_step(stats)`` as ``on_step(step, cache)``; a step starts one clock
+    second before it ends."""
+    return lambda stats: on_step(round(stats.time) - 1, cache)
 
 
 def greedy_step(
@@ -156,6 +158,9 @@ def greedy_step(
 ) -> list[int]:
     """One forward pass over tokens that already have their slots; each sequence's argmax.
 
+    The body of a serving step with the scheduling taken out, for a lab that drives the
+    cache by hand (lab 03's fork, then copy-on-write).
+
     Args:
         seq_ids: the sequences in this step.
         num_computed: tokens each already holds in the cache (its context).
@@ -166,21 +171,3 @@ def greedy_step(
     )
     input_ids = torch.tensor([t for tokens in new_tokens for t in tokens], device=runner.device)
     return runner.forward(input_ids, batch, cache).argmax(dim=-1).tolist()
-
-
-def _admit(
-    cache: KVCache, seq_id: int, prompt: list[int], max_tokens: int
-) -> tuple[int, str | None]:
-    """Declare a request and allocate its prompt: (prompt tokens already cached, refusal)."""
-    try:
-        cached = cache.add_request(seq_id, prompt, max_tokens)
-        _allocate(cache, seq_id, prompt[cached:])
-    except (CacheFullError, ValueError) as error:
-        if seq_id in cache:  # a paged request adopted cached blocks, then failed
-            cache.free(seq_id)
-        return 0, str(error)
-    return cached, None
-
-
-def _allocate(cache: KVCache, seq_id: int, token_ids: list[int]) -> None:
-    cache.allocate_slots(seq_id, len(token_ids), token_ids=token_ids)
