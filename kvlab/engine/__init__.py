@@ -9,9 +9,11 @@ scheduler         who runs each step: static, dynamic, continuous; preemption
 scheduler_output  SchedulerOutput: one step's plan
 scheduler_swap    the scheduler's swap half: swap out, swap in, prefetch
 llm_engine        LLMEngine.step: admit, allocate, compute, sample, free
-intake            what LLMEngine.add_request checks before a request is queued
+step_inputs       a step's plan packed into one flat batch for the model
+intake            what LLMEngine.add_request checks before a request is queued; arrivals
 model_free        a stand-in for the model, for the engine's own loop at any scale
 llm               LLM: generate() for offline use, vLLM's names
-outputs, metrics  what a step and a run return; TTFT, TPOT, throughput, StepStats
+outputs, metrics  what a request and a run return; TTFT, TPOT, throughput
+step_stats        StepStats: what one step did (on_step callbacks receive it)
 step_cost         StepWork, and a clock whose steps last what their work costs
 """

@@ -8,17 +8,20 @@ and what is allowed, and changes nothing: the engine goes on serving the others.
                        the request could run alone in the KV pool (the cache says why not)
     checked_arrival    a finite time in seconds (default: now)
     check_priority     an int, lower runs first
+    Arrivals           the accepted requests whose arrival time is still ahead, in order
 
 Not handled: stop strings, multi-modal prompts.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import torch
 
 from kvlab.cache.manager import KVCacheManager
+from kvlab.engine.request import Request
 from kvlab.engine.sampling_params import SamplingParams
 
 
@@ -88,3 +91,39 @@ def checked_arrival(arrival_time, now: float) -> float:
 def check_priority(priority) -> None:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"priority={priority!r} is not allowed: use an int (lower runs first)")
+
+
+class Arrivals:
+    """Accepted requests that have not arrived yet, earliest first (ties: first added).
+
+    The scheduler sees a request only once the clock passes its arrival time, so that a
+    trace replays its arrivals over time.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Request]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def add(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.arrival_time, request.seq_id, request))
+
+    def next_time(self) -> float | None:
+        """When the earliest pending request arrives; None if none is pending."""
+        return self._heap[0][0] if self._heap else None
+
+    def pop_arrived(self, now: float) -> list[Request]:
+        """The requests that have arrived by ``now``, in arrival order."""
+        arrived = []
+        while self._heap and self._heap[0][0] <= now:
+            arrived.append(heapq.heappop(self._heap)[2])
+        return arrived
+
+    def remove(self, request_id: str) -> bool:
+        """Drop a request that has not arrived yet; whether it was pending."""
+        kept = [entry for entry in self._heap if entry[2].request_id != request_id]
+        found = len(kept) != len(self._heap)
+        self._heap = kept
+        heapq.heapify(self._heap)
+        return found

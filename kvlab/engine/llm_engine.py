@@ -24,20 +24,23 @@ before a sample finishes, stop strings.
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import operator
 from collections.abc import Callable, Sequence
 
 import torch
 
 from kvlab.cache.base import PooledKVCache
 from kvlab.cache.manager import CacheFullError
-from kvlab.cache.step import ForwardBatch
 from kvlab.cache.swap import SwapSpace
-from kvlab.engine.intake import check_fits, check_priority, checked_arrival, prompt_token_ids
-from kvlab.engine.metrics import RequestMetrics, RunMetrics, StepStats, WallClock
-from kvlab.engine.outputs import CompletionOutput, RequestOutput
+from kvlab.engine.intake import (
+    Arrivals,
+    check_fits,
+    check_priority,
+    checked_arrival,
+    prompt_token_ids,
+)
+from kvlab.engine.metrics import RunMetrics, WallClock
+from kvlab.engine.outputs import RequestOutput, request_output
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.sampler import make_generator, sample
 from kvlab.engine.sampling_params import SamplingParams
@@ -45,11 +48,11 @@ from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.scheduler_output import SchedulerOutput
 from kvlab.engine.step_cost import StepWork
+from kvlab.engine.step_inputs import pack_step
+from kvlab.engine.step_stats import StepStats
 from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[StepStats], None]
-_REQUEST_ID = operator.attrgetter("request_id")
-_SAMPLE_INDEX = operator.attrgetter("sample_index")
 
 
 class LLMEngine:
@@ -104,7 +107,7 @@ class LLMEngine:
         self.metrics = RunMetrics()
         self._seed_generator = torch.Generator().manual_seed(seed)
         self._seq_ids = itertools.count()
-        self._pending: list[tuple[float, int, Request]] = []  # arrivals still in the future
+        self._arrivals = Arrivals()  # accepted requests whose arrival time is ahead
         self._samples: dict[str, list[Request]] = {}  # request_id -> its samples
         self._prompts: dict[str, str | None] = {}
         self._num_steps = 0
@@ -162,20 +165,18 @@ class LLMEngine:
             request.generator = make_generator(request.base_seed, self.runner.device)
         self._samples[request_id] = [request]
         self._prompts[request_id] = prompt if isinstance(prompt, str) else None
-        heapq.heappush(self._pending, (request.arrival_time, request.seq_id, request))
+        self._arrivals.add(request)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is; its memory is released at once."""
         samples = self._samples.pop(str(request_id), None)
         if samples is None:
             return
-        not_arrived = {p[2].seq_id for p in self._pending if p[2].request_id == str(request_id)}
-        self._pending = [p for p in self._pending if p[2].seq_id not in not_arrived]
-        heapq.heapify(self._pending)
+        arrived = not self._arrivals.remove(str(request_id))  # samples fork after arrival
         self._prompts.pop(str(request_id), None)
         for request in samples:
             if request.status is not RequestStatus.FINISHED:
-                if request.seq_id not in not_arrived:
+                if arrived:
                     self.scheduler.finish(request)
                 request.status = RequestStatus.FINISHED
                 request.finish_reason = "abort"
@@ -188,7 +189,7 @@ class LLMEngine:
         return samples[0].seq_id
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_unfinished()
+        return bool(self._arrivals) or self.scheduler.has_unfinished()
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -225,35 +226,8 @@ class LLMEngine:
         return outputs
 
     def _forward(self, out: SchedulerOutput) -> tuple[torch.Tensor, StepWork]:
-        """Pack every scheduled sequence's new tokens into one flat batch and run the model;
-        return the logits and what the step computed."""
-        seq_ids, num_computed, input_ids = [], [], []
-        num_decode = context = pairs = 0
-        for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
-            start = request.num_computed_tokens
-            seq_ids.append(request.seq_id)
-            num_computed.append(start)
-            context += start + num_new
-            if num_new == 1:
-                input_ids.append(request.token_ids[start])
-                pairs += start + 1
-                # A decode computes the token sampled last step: it is past the prompt.
-                num_decode += start >= len(request.prompt_token_ids)
-            else:
-                input_ids.extend(request.token_ids[start : start + num_new])
-                pairs += num_new * start + num_new * (num_new + 1) // 2
-        device = self.runner.device
-        batch = ForwardBatch.build(seq_ids, num_computed, out.num_new_tokens, device)
-        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
-        work = StepWork(
-            num_prefill_tokens=out.num_tokens - num_decode,
-            num_decode_seqs=num_decode,
-            num_context_tokens=context,
-            num_attention_pairs=pairs,
-            num_blocks_copied=len(out.blocks_to_copy),
-            num_blocks_swapped=out.num_blocks_swapped,
-            num_blocks_prefetched=out.num_blocks_prefetched,
-        )
+        """Run the model on the step's packed batch; the logits and what the step computed."""
+        ids, batch, work = pack_step(out, self.runner.device)
         return self.runner.forward(ids, batch, self.cache), work
 
     def _update(self, out: SchedulerOutput, logits: torch.Tensor, now: float):
@@ -318,11 +292,8 @@ class LLMEngine:
 
     def _idle(self, now: float) -> None:
         """Nothing can run: wait for the next arrival or the dynamic batch's timeout."""
-        times = [self._pending[0][0]] if self._pending else []
-        wakeup = self.scheduler.next_wakeup()
-        if wakeup is not None:
-            times.append(wakeup)
-        times = [t for t in times if t > now]
+        times = [self._arrivals.next_time(), self.scheduler.next_wakeup()]
+        times = [t for t in times if t is not None and t > now]
         if times:
             self.clock.advance_to(min(times))
         elif self.scheduler.has_unfinished():
@@ -333,74 +304,26 @@ class LLMEngine:
             )
 
     def _move_arrivals(self, now: float) -> None:
-        while self._pending and self._pending[0][0] <= now:
-            _, _, request = heapq.heappop(self._pending)
+        for request in self._arrivals.pop_arrived(now):
             self.scheduler.add_request(request)
 
     # ---- outputs and metrics -------------------------------------------------------------
 
     def _output(self, request_id: str) -> RequestOutput | None:
-        """The request's output now; None while it runs, if it asked for the final one only."""
-        # NOTE: this runs for every request that got a token, every step: no sort for a
-        # single sample, and positional arguments (keyword ones cost more per call).
-        samples = self._samples[request_id]
-        parent = samples[0]
-        if len(samples) == 1:
-            done = parent.finish_reason is not None and parent.sampling_params.n == 1
-        else:
-            samples = sorted(samples, key=lambda s: s.sample_index)
-            n = parent.sampling_params.n
-            done = len(samples) == n and all(s.is_finished for s in samples)
-        if not done and parent.sampling_params.output_kind == "final_only":
-            return None
-        completions = [
-            CompletionOutput(
-                s.sample_index,
-                self._decode(s.output_token_ids) if s.is_finished else None,
-                s.output_token_ids.copy(),
-                s.finish_reason,
-            )
-            for s in samples
-        ]
-        metrics = None
-        if done:
-            metrics = RequestMetrics.of(samples)
-            self.metrics.requests.append(metrics)
-            del self._samples[request_id]
-        prompt = self._prompts.pop(request_id) if done else self._prompts[request_id]
-        token_ids = parent.prompt_token_ids
-        return RequestOutput(request_id, prompt, token_ids, completions, done, metrics)
+        """The request's output now (None while it runs, if it asked for the final one)."""
+        output = request_output(
+            request_id, self._samples[request_id], self._prompts[request_id], self._decode
+        )
+        if output is not None and output.finished:
+            self.metrics.requests.append(output.metrics)
+            del self._samples[request_id], self._prompts[request_id]
+        return output
 
     def _record_step(
         self, out: SchedulerOutput, finished: list[Request], num_decode: int, now: float
     ) -> None:
         scheduler = self.scheduler
-        usage = self.kv.usage()  # counted as blocks come and go: O(1)
-        requests = out.requests
-        stats = StepStats(
-            step=self._num_steps,
-            time=now,
-            scheduled_ids=tuple(map(_REQUEST_ID, requests)),
-            scheduled_samples=tuple(map(_SAMPLE_INDEX, requests)),
-            scheduled_num_tokens=tuple(out.num_new_tokens),
-            num_prefill_tokens=out.num_tokens - num_decode,
-            num_decode_tokens=num_decode,
-            admitted=tuple(r.request_id for r in out.admitted),
-            finished=tuple(r.request_id for r in finished),
-            preempted=tuple(r.request_id for r in out.preempted),
-            swapped_out=tuple(r.request_id for r in out.swapped_out),
-            swapped_in=tuple(r.request_id for r in out.swapped_in),
-            num_blocks_swapped=out.num_blocks_swapped,
-            num_blocks_prefetched=out.num_blocks_prefetched,
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            num_swapped=len(scheduler.swapped),
-            kv_usage=usage.num_reserved_slots / usage.num_slots,
-            kv_utilization=usage.num_used_slots / usage.num_reserved_slots
-            if usage.num_reserved_slots
-            else 1.0,
-            num_free_blocks=self.kv.num_free_blocks,
-        )
+        stats = StepStats.of(self._num_steps, now, out, finished, num_decode, scheduler)
         self._num_steps += 1
         metrics = self.metrics
         metrics.steps.append(stats)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvlab.engine.request import Request
+from kvlab.engine.step_stats import StepStats
 
 # ---- clocks --------------------------------------------------------------------------------
 
@@ -132,64 +133,6 @@ class RequestMetrics:
 
 
 # ---- per step ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """What one engine step did; ``on_step`` callbacks receive it.
-
-    Attributes:
-        step: index of the step (from 0).
-        time: the clock when the step ended.
-        scheduled_ids, scheduled_samples, scheduled_num_tokens: ``request_id``,
-            ``sample_index`` and new tokens of each sequence computed, in row order
-            (``scheduled`` zips them). Three flat tuples, not one tuple per sequence: a
-            run keeps every step's stats, and thousands of small tuples per step would
-            keep the garbage collector busy.
-        num_prefill_tokens, num_decode_tokens: this step's tokens, split by kind.
-        admitted, finished: ``request_id`` of samples that started or ended this step.
-        preempted, swapped_out, swapped_in: samples moved by memory pressure this step.
-        num_blocks_swapped, num_blocks_prefetched: KV blocks copied to or from CPU memory
-            that the step waited for, and those copied back while it computed (prefetch).
-        num_running, num_waiting, num_swapped: queue depths after the step.
-        kv_usage: share of the KV pool held by sequences after the step (0..1).
-        kv_utilization: share of the held KV memory that holds tokens (used / reserved).
-        num_free_blocks: KV units allocatable now: blocks, cached ones included (paged), or
-            slots (contiguous).
-    """
-
-    step: int
-    time: float
-    scheduled_ids: tuple[str, ...]
-    scheduled_samples: tuple[int, ...]
-    scheduled_num_tokens: tuple[int, ...]
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    admitted: tuple[str, ...]
-    finished: tuple[str, ...]
-    preempted: tuple[str, ...]
-    swapped_out: tuple[str, ...]
-    swapped_in: tuple[str, ...]
-    num_blocks_swapped: int
-    num_blocks_prefetched: int
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    kv_usage: float
-    kv_utilization: float
-    num_free_blocks: int
-
-    @property
-    def scheduled(self) -> tuple[tuple[str, int, int], ...]:
-        """``(request_id, sample_index, num_new_tokens)`` of each sequence computed."""
-        return tuple(
-            zip(self.scheduled_ids, self.scheduled_samples, self.scheduled_num_tokens, strict=True)
-        )
-
-    @property
-    def num_scheduled(self) -> int:
-        """Sequences computed in this step."""
-        return len(self.scheduled_ids)
 
 
 # ---- per run -------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ Not handled: logprobs, streaming text deltas.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvlab.engine.metrics import RequestMetrics
+from kvlab.engine.request import Request
 
 
 @dataclass(slots=True)
@@ -52,3 +54,40 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+
+
+def request_output(
+    request_id: str,
+    samples: list[Request],
+    prompt: str | None,
+    decode: Callable[[list[int]], str | None],
+) -> RequestOutput | None:
+    """A request's output from its samples now; None while it runs, if it asked for the
+    final output only. ``metrics`` is set once every sample has finished (``finished``).
+
+    Args:
+        decode: token ids to text (None without a tokenizer); a sample's text is decoded
+            once, when it finishes.
+    """
+    # NOTE: this runs for every request that got a token, every step: no sort for a
+    # single sample, and positional arguments (keyword ones cost more per call).
+    parent = samples[0]
+    if len(samples) == 1:
+        done = parent.finish_reason is not None and parent.sampling_params.n == 1
+    else:
+        samples = sorted(samples, key=lambda s: s.sample_index)
+        n = parent.sampling_params.n
+        done = len(samples) == n and all(s.is_finished for s in samples)
+    if not done and parent.sampling_params.output_kind == "final_only":
+        return None
+    completions = [
+        CompletionOutput(
+            s.sample_index,
+            decode(s.output_token_ids) if s.is_finished else None,
+            s.output_token_ids.copy(),
+            s.finish_reason,
+        )
+        for s in samples
+    ]
+    metrics = RequestMetrics.of(samples) if done else None
+    return RequestOutput(request_id, prompt, parent.prompt_token_ids, completions, done, metrics)
