@@ -7,10 +7,13 @@ equals the positions of the real ``DynamicCache``.
 from __future__ import annotations
 
 import pytest
+import torch
 
+from kvlab.measure import capstone
 from kvlab.measure.bench import make_workload, mismatches, run_hf_one_at_a_time
-from kvlab.measure.capstone import hf_peak_kv_slots, run_engine
+from kvlab.measure.capstone import hf_peak_kv_slots, run_engine, time_weight_matmuls
 from kvlab.measure.naive_hf import left_pad
+from kvlab.model.linear import fused_weights
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 64  # every request of the workload below fits in one 64-slot reservation
@@ -125,3 +128,23 @@ def test_hf_baselines_ignore_eos_as_kvlab_and_vllm_do():
     assert any(eos in tokens for tokens in ours)
     assert run_hf_one_at_a_time(model, workload).outputs == ours
     assert run_hf_static_padded(model, workload, batch_size=2).outputs == ours
+
+
+@pytest.mark.parametrize("num_rows", [1, 12])
+def test_both_ways_of_holding_the_weights_compute_the_same_products(tiny, num_rows):
+    """What time_weight_matmuls times: the same matrix products, in the same order."""
+    weights = fused_weights(tiny)
+    with torch.inference_mode():
+        hf = capstone._hf_matmuls(tiny, weights, num_rows)
+        ours = capstone._kvlab_matmuls(tiny, weights, num_rows)
+    assert len(hf) == len(ours) == 7 * tiny.config.num_hidden_layers + 1
+    for theirs, mine in zip(hf, ours, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    times = time_weight_matmuls(tiny, num_rows, repeats=2)
+    assert times.num_rows == num_rows
+    assert times.hf_seconds > 0 and times.kvlab_seconds > 0
+
+
+def test_time_weight_matmuls_refuses_no_rows(tiny):
+    with pytest.raises(ValueError, match="num_rows"):
+        time_weight_matmuls(tiny, 0)

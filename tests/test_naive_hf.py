@@ -6,11 +6,15 @@ must equal ``KVSpec``'s formula; a batch's padding account must match the cache'
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import random_prompts
 from transformers import GenerationConfig
 
+from kvlab.measure import naive_hf
 from kvlab.measure.naive_hf import (
     FINISHED_PAD,
     GENERATED,
@@ -23,6 +27,7 @@ from kvlab.measure.naive_hf import (
     generate_padded,
     memory_breakdown,
     padded_cache_slots,
+    time_weight_reads,
     time_without_cache,
     weight_bytes,
 )
@@ -85,6 +90,34 @@ def test_without_cache_predicts_the_same_tokens(tiny):
 def test_decode_rejects_no_tokens(tiny):
     with pytest.raises(ValueError, match="num_new_tokens"):
         decode_with_cache(tiny, [1, 2, 3], 0)
+    with pytest.raises(ValueError, match="repeats"):
+        decode_with_cache(tiny, [1, 2, 3], 2, repeats=0)
+    with pytest.raises(ValueError, match="repeats"):
+        time_without_cache(tiny, [1, 2, 3], [2], repeats=0)
+    with pytest.raises(ValueError, match="repeats"):
+        time_weight_reads(tiny, repeats=0)
+    assert time_weight_reads(tiny, repeats=1) > 0
+
+
+def test_decode_reports_the_median_of_its_runs(tiny, monkeypatch):
+    """Each step's time is the median of its runs, not the fastest run nor the last."""
+    prompt = random_prompts(tiny.config.vocab_size, [5])[0]
+    real = naive_hf._decode_once(tiny, prompt, 3, None)
+    runs = iter([[0.9, 0.2, 0.1], [0.1, 0.3, 0.7], [0.2, 0.1, 0.4]])  # one list per run
+    monkeypatch.setattr(
+        naive_hf, "_decode_once", lambda *args: replace(real, step_seconds=next(runs))
+    )
+    trace = decode_with_cache(tiny, prompt, 3, repeats=3)
+    assert trace.step_seconds == [0.2, 0.2, 0.4]
+    assert trace.repeats == 3
+    assert trace.token_ids == real.token_ids
+
+
+def test_time_without_cache_reports_the_median(tiny, monkeypatch):
+    ticks = iter([0.0, 0.5, 1.0, 1.1, 2.0, 2.3])  # (start, end) of three runs: 0.5, 0.1, 0.3 s
+    monkeypatch.setattr(naive_hf, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    [step] = time_without_cache(tiny, [5, 6, 7, 8], [3], repeats=3)
+    assert step.seconds == pytest.approx(0.3)
 
 
 def test_padded_batch_account_matches_the_cache(tiny):

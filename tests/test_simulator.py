@@ -160,6 +160,9 @@ def test_comparison_prints_published_figures(results):
     for published in ("20.4%", "26.8%", "38.2%", "96.3%"):  # the paper's Fig. 2, exactly
         assert published in text
     assert "paged/16 fits" in text
+    # The paper's names for the kinds of waste: "reservation", not "future".
+    header = text.splitlines()[0].split()
+    assert "reservation" in header and "future" not in header
     assert set(PUBLISHED) == {f"contiguous/{LABELS[p]}" for p in POLICIES} | {"paged/16"}
 
 

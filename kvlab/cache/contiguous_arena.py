@@ -5,11 +5,18 @@ and Hugging Face's static cache): attention kernels want each sequence's K/V in 
 contiguous run, and a run cannot grow past its neighbour, so a request reserves room for
 its final length before its first token. The final length is unknown, hence a policy:
 
-* ``"max_model_len"``: reserve the longest sequence the model accepts (Orca (Max));
-* ``"pow2"``: reserve the prompt plus the output length rounded up to a power of two, so
-  at most 2x the output is over-reserved (Orca (Pow2)); capped at ``max_model_len``;
-* ``"exact"``: reserve exactly prompt + output, as if the output length were known (the
-  oracle, Orca (Oracle)). ``max_tokens`` is that output length.
+* ``"max_model_len"``: reserve the longest sequence the model accepts (as Orca (Max) in
+  the PagedAttention paper does);
+* ``"pow2"``: reserve the prompt plus ``max_tokens`` rounded up to a power of two, capped
+  at ``max_model_len``;
+* ``"exact"``: reserve exactly the prompt plus ``max_tokens``.
+
+``max_tokens`` is the output length a request *declares*, the most it may generate, not
+the length it will reach: a request that stops early leaves the rest of its reservation
+unused. So ``"pow2"`` and ``"exact"`` are not the paper's Orca (Pow2) and Orca (Oracle),
+which size each reservation from the request's *true* output length. The simulator does
+that with a trace's lengths and labels those runs ``contiguous/oracle-pow2`` and
+``contiguous/oracle`` (``kvlab.sim.memory.LABELS``).
 
 Ranges are placed first-fit in one arena of ``num_slots``; freeing a range leaves a hole.
 
@@ -20,8 +27,9 @@ Waste, in slots:
 
 * internal fragmentation: reserved by a request but not (yet) holding one of its tokens
   (``num_reserved_slots - num_used_slots``). The simulator, which knows each request's
-  final length, splits it into "reserved for future tokens" and true internal
-  fragmentation (slots past the final length, never used);
+  final length, splits it as the PagedAttention paper does: reservation (slots held for
+  tokens still to come) and true internal fragmentation (slots past the final length,
+  never used);
 * external fragmentation: free slots in holes too small for a request of ``request_size``
   slots (``external_fragmentation(request_size)``). Without a size, it is every free slot
   outside the largest hole: the part of free memory that no single request can use.

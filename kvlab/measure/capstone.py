@@ -10,7 +10,10 @@ the capstone needs beside them:
   held tokens (KV utilization);
 * ``hf_peak_kv_slots``: the KV cache positions Hugging Face's ``generate`` holds at its
   fullest, for the same workload run one at a time or in padded batches, so its memory can
-  be set against a KV budget it does not itself enforce.
+  be set against a KV budget it does not itself enforce;
+* ``time_weight_matmuls``: one pass of a batch of rows through every weight matrix, as
+  transformers' modules hold them and as kvlab's runner does (``kvlab.model.linear``):
+  the part of a step that differs between the two when they run the same batches.
 
     workload --> hf-one-at-a-time  (bench)     tokens, seconds, KV util
              --> hf-static-padded  (bench)     tokens, seconds, KV util
@@ -23,12 +26,16 @@ PagedAttention paper compares throughput at equal latency), GPU timing.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
+
+import torch
 
 from kvlab.engine.metrics import StepStats
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.measure.bench import Result, Workload
+from kvlab.model.linear import fused_weights
 
 
 @dataclass(frozen=True)
@@ -146,3 +153,75 @@ def hf_peak_kv_slots(workload: Workload, batch_size: int) -> int:
         width = max(len(p) for p in prompts)
         peak = max(peak, len(prompts) * (width + steps - 1))
     return peak
+
+
+@dataclass(frozen=True)
+class MatmulTimes:
+    """Median seconds of one pass of ``num_rows`` rows through a model's weight matrices.
+
+    Attributes:
+        hf_seconds: through transformers' own ``nn.Linear`` modules (seven per layer:
+            q, k, v, o, gate, up, down), the weights row-major as loaded.
+        kvlab_seconds: through kvlab's runner's matrices: four per layer (q|k|v and gate|up
+            fused), laid out for oneDNN where that applies (float32 on a CPU).
+    """
+
+    num_rows: int
+    hf_seconds: float
+    kvlab_seconds: float
+
+
+@torch.inference_mode()
+def time_weight_matmuls(model, num_rows: int, repeats: int = 5) -> MatmulTimes:
+    """Time the weight multiplies of one step of ``num_rows`` tokens, two ways.
+
+    Every decoder layer's matrices get ``num_rows`` rows, the LM head one (a step projects
+    only each sequence's last token; one here). Attention, norms and everything else a
+    step does are left out: this is only the part that depends on how the weights are
+    held. The two ways alternate within each repeat, so load on the machine hits both.
+
+    Args:
+        model: a loaded ``*ForCausalLM`` (``kvlab.load_model``).
+        num_rows: tokens in the step: 1 for one decode, the prompt tokens of a prefill.
+        repeats: runs of each way; the median is kept.
+    """
+    if num_rows < 1 or repeats < 1:
+        raise ValueError(f"num_rows and repeats must be >= 1, got {num_rows}, {repeats}")
+    kvlab_weights = fused_weights(model)  # made on first use: before the clock starts
+    hf_seconds, kvlab_seconds = [], []
+    for _ in range(repeats):
+        for way, seconds in ((_hf_matmuls, hf_seconds), (_kvlab_matmuls, kvlab_seconds)):
+            start = time.perf_counter()
+            way(model, kvlab_weights, num_rows)
+            seconds.append(time.perf_counter() - start)
+    return MatmulTimes(num_rows, statistics.median(hf_seconds), statistics.median(kvlab_seconds))
+
+
+def _layer_inputs(model, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs of a layer's matrices: (rows, hidden), (rows, heads x head_dim), (rows,
+    intermediate); all ones (the values do not change the time)."""
+    layer = model.model.layers[0]
+    return tuple(
+        torch.ones(num_rows, linear.in_features, dtype=model.dtype, device=model.device)
+        for linear in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj)
+    )
+
+
+def _hf_matmuls(model, kvlab_weights, num_rows: int) -> list[torch.Tensor]:
+    hidden, attended, intermediate = _layer_inputs(model, num_rows)
+    outputs = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        outputs += [attn.q_proj(hidden), attn.k_proj(hidden), attn.v_proj(hidden)]
+        outputs += [attn.o_proj(attended), mlp.gate_proj(hidden), mlp.up_proj(hidden)]
+        outputs.append(mlp.down_proj(intermediate))
+    return outputs + [model.lm_head(hidden[-1:])]
+
+
+def _kvlab_matmuls(model, kvlab_weights, num_rows: int) -> list[torch.Tensor]:
+    hidden, attended, intermediate = _layer_inputs(model, num_rows)
+    outputs = []
+    for layer in kvlab_weights.layers:
+        outputs += [*layer.qkv_proj.split(hidden), layer.o_proj(attended)]
+        outputs += [*layer.gate_up_proj.split(hidden), layer.down_proj(intermediate)]
+    return outputs + [kvlab_weights.lm_head(hidden[-1:])]

@@ -6,7 +6,10 @@ step. This module measures what that costs, always from the real tensors:
 
 - ``decode_with_cache``: greedy decoding step by step, timing each step and reading the
   cache's bytes after it; ``time_without_cache``: the same next-token steps when the
-  whole prefix is recomputed because nothing is cached.
+  whole prefix is recomputed because nothing is cached; ``time_weight_reads``: one pass
+  over every weight matrix and nothing else, what any step must at least pay. All three
+  repeat their runs and report medians: one run of a step on a shared machine can take
+  several times its usual time.
 - ``cache_bytes`` and ``cache_layer_shapes``: open a ``DynamicCache`` and count its bytes.
 - ``generate_padded``: ``model.generate`` on a batch of prompts, left-padded to the longest
   as transformers does, and an account of its cache slots: real tokens against padding.
@@ -19,9 +22,10 @@ measured on the device (``activation_bytes`` is an estimate from the model's sha
 from __future__ import annotations
 
 import inspect
+import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import DynamicCache, GenerationConfig
@@ -46,10 +50,11 @@ class DecodeTrace:
     Attributes:
         token_ids: prompt followed by every generated token.
         num_prompt_tokens: length of the prompt.
-        step_seconds: wall time of each step.
+        step_seconds: wall time of each step: the median of its ``repeats`` runs.
         cache_lens: tokens held in the cache after each step.
         cache_bytes: bytes of the cache's K/V tensors after each step (all layers).
         cache: the ``DynamicCache`` itself, as the last step left it.
+        repeats: how many times the whole generation ran.
     """
 
     token_ids: list[int]
@@ -58,24 +63,48 @@ class DecodeTrace:
     cache_lens: list[int]
     cache_bytes: list[int]
     cache: DynamicCache
+    repeats: int = 1
 
     @property
     def generated(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 
 
-@torch.inference_mode()
 def decode_with_cache(
-    model, prompt_ids: Sequence[int], num_new_tokens: int, eos_token_id: int | None = None
+    model,
+    prompt_ids: Sequence[int],
+    num_new_tokens: int,
+    eos_token_id: int | None = None,
+    repeats: int = 3,
 ) -> DecodeTrace:
     """Greedily generate up to ``num_new_tokens`` tokens with a fresh ``DynamicCache``.
 
     Every step after the prefill feeds only the newest token; the keys and values of all
     earlier tokens come from the cache. Generation stops after ``eos_token_id`` when one is
     given (``None``: always ``num_new_tokens`` tokens, as timing runs want).
+
+    Args:
+        repeats: how many times to run the whole generation, each with a fresh cache. Greedy
+            decoding gives the same tokens every time; each step's time is the median of its
+            runs, so that one disturbed run does not show up as a slow step.
     """
     if num_new_tokens <= 0:
         raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    runs = [_decode_once(model, prompt_ids, num_new_tokens, eos_token_id) for _ in range(repeats)]
+    if any(run.token_ids != runs[0].token_ids for run in runs):
+        raise RuntimeError("repeated greedy runs gave different tokens")
+    # Same tokens, so every run has the same steps: the median of step i over the runs.
+    per_step = zip(*(run.step_seconds for run in runs), strict=True)
+    medians = [statistics.median(times) for times in per_step]
+    return replace(runs[-1], step_seconds=medians, repeats=repeats)
+
+
+@torch.inference_mode()
+def _decode_once(
+    model, prompt_ids: Sequence[int], num_new_tokens: int, eos_token_id: int | None
+) -> DecodeTrace:
     cache = DynamicCache(config=model.config)
     token_ids = list(prompt_ids)
     feed = torch.tensor([token_ids], device=model.device)  # (1, prompt_len)
@@ -97,7 +126,10 @@ def decode_with_cache(
 
 @dataclass(frozen=True)
 class NoCacheStep:
-    """One next-token step without a cache: the whole context went through the model."""
+    """One next-token step without a cache: the whole context went through the model.
+
+    ``seconds`` is the median of the step's repeated runs.
+    """
 
     context_len: int
     seconds: float
@@ -106,7 +138,7 @@ class NoCacheStep:
 
 @torch.inference_mode()
 def time_without_cache(
-    model, token_ids: Sequence[int], context_lens: Sequence[int], repeats: int = 1
+    model, token_ids: Sequence[int], context_lens: Sequence[int], repeats: int = 3
 ) -> list[NoCacheStep]:
     """Time the step that predicts token ``L`` from ``token_ids[:L]``, for each ``L``.
 
@@ -116,21 +148,51 @@ def time_without_cache(
     Args:
         token_ids: a sequence to read contexts from (e.g. a ``DecodeTrace.token_ids``).
         context_lens: the context lengths ``L`` to measure, each at most ``len(token_ids)``.
-        repeats: runs per length; the fastest is kept (the least disturbed by other load).
+        repeats: runs per length; the median is kept (one run can be slowed by other load,
+            and the fastest of a few is an outlier too).
     """
-    steps = []
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     for length in context_lens:
         if not 0 < length <= len(token_ids):
             raise ValueError(f"context length {length} outside 1..{len(token_ids)}")
-        feed = torch.tensor([list(token_ids[:length])], device=model.device)  # (1, L)
-        best = float("inf")
-        for _ in range(repeats):
+    seconds = {length: [] for length in context_lens}
+    next_tokens = {}
+    # NOTE: one round over every length, then the next round: the runs of one length are
+    # spread over the whole measurement, so a burst of other load slows one of them, not all.
+    for _ in range(repeats):
+        for length in context_lens:
+            feed = torch.tensor([list(token_ids[:length])], device=model.device)  # (1, L)
             start = time.perf_counter()
             logits = model(feed, use_cache=False, logits_to_keep=1).logits
-            next_token = int(logits[0, -1].argmax())
-            best = min(best, time.perf_counter() - start)
-        steps.append(NoCacheStep(length, best, next_token))
-    return steps
+            next_tokens[length] = int(logits[0, -1].argmax())
+            seconds[length].append(time.perf_counter() - start)
+    return [
+        NoCacheStep(length, statistics.median(seconds[length]), next_tokens[length])
+        for length in context_lens
+    ]
+
+
+@torch.inference_mode()
+def time_weight_reads(model, repeats: int = 3) -> float:
+    """Median seconds to read every weight matrix of ``model`` once, and do nothing else.
+
+    One matrix-vector product per 2-D parameter (the tied embedding is the output
+    projection's matrix too): two floating-point operations per weight read, the least
+    arithmetic a step can do with its weights. A decode step that takes about this long is
+    bound by reading the weights from memory, not by arithmetic.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    matrices = [param for param in model.parameters() if param.dim() == 2]
+    vectors = [torch.ones(m.shape[1], dtype=m.dtype, device=m.device) for m in matrices]
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for matrix, vector in zip(matrices, vectors, strict=True):
+            matrix @ vector  # (rows, cols) @ (cols,)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 # --- Inside a DynamicCache ---------------------------------------------------------------

@@ -65,9 +65,17 @@ def reproduce_seed(
 
 
 def format_comparison(results: list[SimResult]) -> str:
-    """A table of kvlab's figures beside the published ones, then the concurrency ratios."""
+    """A table of kvlab's figures beside the published ones, then the concurrency ratios.
+
+    The first columns split the KV memory as the PagedAttention paper's Fig. 2 does (see
+    ``kvlab.sim.simulator``): token states, the published share beside them, reservation
+    (held for tokens a request will still generate), internal fragmentation (held past a
+    request's final length: never used), external fragmentation (free, in holes too small
+    for the request waiting) and free. Then used/res (slots in use / slots held), the
+    requests running while one waited (fit at once) and the most running at once (peak).
+    """
     header = (
-        f"{'allocator':<26}{'token states':>13}{'published':>10}{'future':>8}{'internal':>9}"
+        f"{'allocator':<26}{'token states':>13}{'published':>10}{'reservation':>12}{'internal':>9}"
         f"{'external':>9}{'free':>7}{'used/res':>9}{'fit at once':>12}{'peak':>6}"
     )
     lines = [header, "-" * len(header)]
@@ -76,7 +84,7 @@ def format_comparison(results: list[SimResult]) -> str:
         shown = f"{published:.1%}" if published is not None else "-"
         fit = f"{r.fit_at_once:.1f}" if r.fit_at_once is not None else "-"
         lines.append(
-            f"{r.label:<26}{r.token_states:>13.1%}{shown:>10}{r.reserved_for_future:>8.1%}"
+            f"{r.label:<26}{r.token_states:>13.1%}{shown:>10}{r.reserved_for_future:>12.1%}"
             f"{r.internal_fragmentation:>9.1%}{r.external_fragmentation:>9.1%}{r.free:>7.1%}"
             f"{r.utilization:>9.1%}{fit:>12}{r.peak_running:>6}"
         )
