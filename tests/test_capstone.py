@@ -12,7 +12,7 @@ import torch
 from kvlab.measure import capstone
 from kvlab.measure.bench import make_workload, mismatches, run_hf_one_at_a_time
 from kvlab.measure.capstone import hf_peak_kv_slots, run_engine, time_weight_matmuls
-from kvlab.measure.naive_hf import left_pad
+from kvlab.measure.padded_batch import left_pad
 from kvlab.model.linear import fused_weights
 
 BLOCK_SIZE = 16

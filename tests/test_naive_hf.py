@@ -16,20 +16,22 @@ from transformers import GenerationConfig
 
 from kvlab.measure import naive_hf
 from kvlab.measure.naive_hf import (
-    FINISHED_PAD,
-    GENERATED,
-    LEFT_PAD,
-    PROMPT,
     activation_bytes,
     cache_bytes,
     cache_layer_shapes,
     decode_with_cache,
-    generate_padded,
     memory_breakdown,
-    padded_cache_slots,
     time_weight_reads,
     time_without_cache,
     weight_bytes,
+)
+from kvlab.measure.padded_batch import (
+    FINISHED_PAD,
+    GENERATED,
+    LEFT_PAD,
+    PROMPT,
+    generate_padded,
+    padded_cache_slots,
 )
 from kvlab.memory import KVSpec, preset
 

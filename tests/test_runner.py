@@ -16,7 +16,7 @@ from kvlab.cache.base import ForwardBatch
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
-from kvlab.measure.naive_hf import left_pad
+from kvlab.measure.padded_batch import left_pad
 from kvlab.model.greedy import greedy_generate
 from kvlab.model.loading import chat_prompt
 from kvlab.model.runner import ModelRunner

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from kvlab.exercises.base import Exercise, Mistake, register
-from kvlab.measure.naive_hf import padded_cache_slots
+from kvlab.measure.padded_batch import padded_cache_slots
 from kvlab.memory import GIB, preset
 
 _LLAMA3_QUERY_HEADS = 32  # num_attention_heads in Llama-3-8B's config.json

@@ -1,6 +1,7 @@
 """Measurements the labs make, and the benchmarks.
 
 naive_hf         lab 01: Hugging Face's own cache measured (bytes per token, step time)
+padded_batch     lab 01: a left-padded batch's cache, real tokens against padding
 serve            labs 02-03: requests served greedily through the engine over one cache
 experiments      labs 02-03: fragmentation, how many requests fit, block-size trade-off
 replay           lab 04: a seeded trace replayed through LLM, step logs and timelines

@@ -115,7 +115,7 @@ def run_hf_one_at_a_time(model, workload: Workload) -> Result:
 def run_hf_static_padded(model, workload: Workload, batch_size: int) -> Result:
     from transformers import GenerationConfig
 
-    from kvlab.measure.naive_hf import left_pad
+    from kvlab.measure.padded_batch import left_pad
 
     outputs, held, used = [], 0, 0
     start = time.perf_counter()
