@@ -14,6 +14,7 @@ llm_engine            LLMEngine.step: admit, allocate, compute, sample, free
 intake                what LLMEngine.add_request checks before a request is queued
 model_free            a stand-in for the model, for the engine's own loop at any scale
 llm                   LLM: generate() for offline use, vLLM's names
+kv_cache_setup        the KV cache LLM builds: num_blocks from a memory budget, like vLLM
 outputs, metrics      what a step and a run return; TTFT, TPOT, throughput, StepStats
 step_cost             StepWork, and a clock whose steps last what their work costs
 """
