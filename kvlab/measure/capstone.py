@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from kvlab.engine.metrics import StepStats
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.measure.bench import Result, Workload
+from kvlab.measure.workload import Result, Workload
 
 
 @dataclass(frozen=True)
