@@ -37,7 +37,16 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("name", ["scheduler", "scheduler_output", "scheduler_swap"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "scheduler",
+        "scheduler_admission",
+        "scheduler_output",
+        "scheduler_preemption",
+        "scheduler_swap",
+    ],
+)
 def test_the_scheduler_imports_no_torch_and_no_tensor_cache(name):
     modules = imported_modules(PACKAGE / "engine" / f"{name}.py")
     assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
@@ -51,6 +60,7 @@ BOOKKEEPING = (
     "block_table",
     "prefix_cache",
     "block_manager",
+    "block_manager_sharing",
     "contiguous_arena",
     "contiguous_manager",
 )

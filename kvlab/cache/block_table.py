@@ -1,6 +1,7 @@
-"""Every sequence's block table as one row of a persistent int32 array.
+"""Block tables: one sequence's, and every sequence's as one row of a persistent int32 array.
 
-The block manager's lists are the truth; this mirror of them changes only where a
+``SequenceBlocks`` is what the block manager keeps per sequence; its ``block_table`` lists
+are the truth. ``BlockTableRows`` mirrors them; the mirror changes only where a
 sequence gains or copies a block, so a step's padded ``(num_seqs, max_blocks)`` block
 table is one gather instead of one Python list per sequence. With thousands of running
 sequences that is the difference between microseconds and milliseconds per step.
@@ -16,8 +17,27 @@ Not handled: anything but bookkeeping (numpy only, no torch).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+@dataclass(slots=True)
+class SequenceBlocks:
+    """What the block manager keeps per sequence.
+
+    Attributes:
+        block_table: physical block of each logical block, in order.
+        num_tokens: token slots the sequence holds (written, or allocated for this step).
+        token_ids: the ids of those tokens while all are known; None once one is not, which
+            ends the hash chain (no later block of this sequence can be cached).
+        block_hashes: the chained hash of each leading full block with known token ids.
+    """
+
+    block_table: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+    token_ids: list[int] | None = None
+    block_hashes: list[int] = field(default_factory=list)
 
 
 class BlockTableRows:

@@ -1,19 +1,22 @@
 """The engine (lab 04 on): requests, the scheduler, the serving loop and the vLLM-like API.
 
-request           Request and its states (waiting, running, swapped, finished)
-sampling_params   SamplingParams: greedy, temperature, top-k, top-p, n, seed
-sampler           turns logits into tokens, one seeded generator per sample
-scheduler_config  SchedulerConfig: the batching knobs, checked where they are made
-waiting_queue     the waiting requests, FCFS or by priority
-scheduler         who runs each step: static, dynamic, continuous; preemption
-scheduler_output  SchedulerOutput: one step's plan
-scheduler_swap    the scheduler's swap half: swap out, swap in, prefetch
-llm_engine        LLMEngine.step: admit, allocate, compute, sample, free
-step_inputs       a step's plan packed into one flat batch for the model
-intake            what LLMEngine.add_request checks before a request is queued; arrivals
-model_free        a stand-in for the model, for the engine's own loop at any scale
-llm               LLM: generate() for offline use, vLLM's names
-outputs, metrics  what a request and a run return; TTFT, TPOT, throughput
-step_stats        StepStats: what one step did (on_step callbacks receive it)
-step_cost         StepWork, and a clock whose steps last what their work costs
+request               Request and its states (waiting, running, swapped, finished)
+sampling_params       SamplingParams: greedy, temperature, top-k, top-p, n, seed
+sampler               turns logits into tokens, one seeded generator per sample
+scheduler_config      SchedulerConfig: the batching knobs, checked where they are made
+waiting_queue         the waiting requests, FCFS or by priority
+scheduler             who runs each step: the queues, running requests first
+scheduler_admission   who joins: static, dynamic, continuous batching; KV admission
+scheduler_preemption  who gives way when blocks run out: recompute or swap out
+scheduler_output      SchedulerOutput: one step's plan
+scheduler_swap        the scheduler's swap half: swap out, swap in, prefetch
+llm_engine            LLMEngine.step: admit, allocate, compute, sample, free
+step_inputs           a step's plan packed into one flat batch for the model
+intake                what LLMEngine.add_request checks before a request is queued; arrivals
+model_free            a stand-in for the model, for the engine's own loop at any scale
+llm                   LLM: generate() for offline use, vLLM's names
+kv_cache_setup        the KV cache LLM builds: num_blocks from a memory budget, like vLLM
+outputs, metrics      what a request and a run return; TTFT, TPOT, throughput
+step_stats            StepStats: what one step did (on_step callbacks receive it)
+step_cost             StepWork, and a clock whose steps last what their work costs
 """

@@ -10,7 +10,8 @@ Every knob of the labs is a constructor argument with vLLM's name, checked when 
 ``LLM`` is made. KV memory is sized like vLLM does it: from ``num_blocks`` if given, else
 from a byte budget (``kv_cache_memory_bytes``; on CUDA by default ``gpu_memory_utilization``
 of the device minus what the weights already hold; on a CPU by default 1 GiB), never more
-than ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
+than ``max_num_seqs`` sequences of ``max_model_len`` tokens could use
+(``kvlab.engine.kv_cache_setup``).
 
 Not handled: chat templates inside ``generate`` (use ``kvlab.chat_prompt``), LoRA,
 multi-modal inputs, tensor parallelism, online serving.
@@ -19,29 +20,26 @@ multi-modal inputs, tensor parallelism, online serving.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from kvlab.attention import ATTENTION_BACKENDS
-from kvlab.cache.contiguous import ContiguousKVCache
-from kvlab.cache.contiguous_arena import RESERVATION_POLICIES
-from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.swap import SwapSpace
+from kvlab.engine.kv_cache_setup import (
+    check_cache_settings,
+    default_kv_budget,
+    make_cache,
+    num_blocks_for,
+)
 from kvlab.engine.llm_engine import LLMEngine
 from kvlab.engine.metrics import StepStats
 from kvlab.engine.outputs import RequestOutput
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
-from kvlab.memory import GIB
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner
-
-KV_CACHES = ("paged", "contiguous")
-DEFAULT_CPU_KV_BYTES = GIB
 
 
 class LLM:
@@ -114,7 +112,7 @@ class LLM:
         clock=None,
         scheduler_class: type[Scheduler] = Scheduler,
     ) -> None:
-        _check_settings(
+        check_cache_settings(
             kv_cache=kv_cache,
             attention_backend=attention_backend,
             reservation_policy=reservation_policy,
@@ -146,11 +144,11 @@ class LLM:
             )
         max_model_len = max_model_len or context
         if num_blocks is None:
-            budget = kv_cache_memory_bytes or _default_kv_budget(
+            budget = kv_cache_memory_bytes or default_kv_budget(
                 runner.device, gpu_memory_utilization
             )
-            num_blocks = _num_blocks_for(runner, budget, block_size, max_num_seqs, max_model_len)
-        cache = _make_cache(
+            num_blocks = num_blocks_for(runner, budget, block_size, max_num_seqs, max_model_len)
+        cache = make_cache(
             kv_cache,
             runner,
             num_blocks,
@@ -260,87 +258,6 @@ def _load(model, tokenizer, device, dtype):
     )
 
 
-def _num_blocks_for(
-    runner: ModelRunner, budget: int, block_size: int, max_num_seqs: int, max_model_len: int
-) -> int:
-    """Blocks a KV budget holds, capped at what max_num_seqs full sequences could use."""
-    block_bytes = runner.kv_spec().bytes_per_token * block_size
-    num_blocks = budget // block_bytes
-    if num_blocks < 1:
-        raise ValueError(
-            f"kv_cache_memory_bytes={budget} is not allowed: it holds no KV block "
-            f"({block_bytes} bytes for {block_size} tokens of this model)"
-        )
-    return min(num_blocks, max_num_seqs * math.ceil(max_model_len / block_size))
-
-
-def _make_cache(kv_cache, runner, num_blocks, block_size, **options):
-    spec = runner.kv_spec()
-    kv_shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim)
-    if kv_cache == "paged":
-        return PagedKVCache(
-            *kv_shape,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            dtype=runner.dtype,
-            device=runner.device,
-            enable_prefix_caching=options["enable_prefix_caching"],
-        )
-    # The same token slots as the paged pool would have, in one arena.
-    return ContiguousKVCache(
-        *kv_shape,
-        num_slots=num_blocks * block_size,
-        reservation_policy=options["reservation_policy"],
-        max_model_len=options["max_model_len"],
-        dtype=runner.dtype,
-        device=runner.device,
-        cell_size=block_size,
-    )
-
-
-def _check_settings(**settings) -> None:
-    """The constructor's own checks (SchedulerConfig checks the scheduling fields)."""
-    kv_cache = settings["kv_cache"]
-    _check_choice("kv_cache", kv_cache, KV_CACHES)
-    _check_choice("attention_backend", settings["attention_backend"], tuple(ATTENTION_BACKENDS))
-    _check_choice("reservation_policy", settings["reservation_policy"], RESERVATION_POLICIES)
-    _check_int("block_size", settings["block_size"], 1, 256)
-    for name in ("num_blocks", "max_model_len", "kv_cache_memory_bytes", "swap_space_bytes"):
-        if settings[name] is not None:
-            _check_int(name, settings[name], 1)
-    _check_fraction("gpu_memory_utilization", settings["gpu_memory_utilization"])
-    if not isinstance(settings["enable_prefix_caching"], bool):
-        raise ValueError(
-            f"enable_prefix_caching={settings['enable_prefix_caching']!r} is not allowed: "
-            "use True or False"
-        )
-    if settings["attention_backend"] == "triton" and kv_cache != "paged":
-        raise ValueError(
-            "attention_backend='triton' is not allowed with kv_cache='contiguous': the "
-            "Triton kernels read K/V block by block, and a contiguous cache's blocks are "
-            "single slots; use kv_cache='paged'"
-        )
-    if settings["preemption_mode"] == "swap" and kv_cache != "paged":
-        raise ValueError(
-            "preemption_mode='swap' is not allowed with kv_cache='contiguous': swapping "
-            "moves blocks; use kv_cache='paged' or preemption_mode='recompute'"
-        )
-
-
-def _default_kv_budget(device: torch.device, gpu_memory_utilization: float) -> int:
-    """vLLM's sizing on CUDA (utilization x memory - what is allocated); 1 GiB on a CPU."""
-    if device.type != "cuda":
-        return DEFAULT_CPU_KV_BYTES
-    total = torch.cuda.get_device_properties(device).total_memory
-    budget = int(total * gpu_memory_utilization) - torch.cuda.memory_allocated(device)
-    if budget <= 0:
-        raise ValueError(
-            f"gpu_memory_utilization={gpu_memory_utilization} leaves no KV memory: the "
-            "weights already use that share of the device"
-        )
-    return budget
-
-
 def _as_prompt_list(prompts) -> list:
     if isinstance(prompts, str):
         return [prompts]
@@ -372,21 +289,3 @@ def _per_prompt(name: str, value, num_prompts: int, broadcast: bool = True) -> l
             f"{name} is not allowed: give one value per prompt ({num_prompts}), got {len(value)}"
         )
     return list(value)
-
-
-def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not allowed: use one of {choices}")
-
-
-def _check_int(name: str, value, low: int, high: int | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if not ok or (high is not None and value > high):
-        allowed = f"an int from {low} to {high}" if high is not None else f"an int >= {low}"
-        raise ValueError(f"{name}={value!r} is not allowed: use {allowed}")
-
-
-def _check_fraction(name: str, value) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1
-    if not ok:
-        raise ValueError(f"{name}={value!r} is not allowed: use a number in (0, 1]")

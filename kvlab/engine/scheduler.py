@@ -20,7 +20,7 @@ vs dynamic batching" to what vLLM and every modern server do:
 One step, in the order of the seed article's flow (admit -> allocate -> compute -> free):
 
     1. running requests get their next tokens (decode: 1; chunked prefill: a chunk);
-       when no block is left, the newest running request is preempted (below);
+       when no block is left, the newest running request is preempted;
     2. swapped-out requests are swapped back in, oldest first;
     3. waiting requests are admitted in FCFS (or priority) order while there are free
        seats (max_num_seqs), tokens in the budget and KV blocks above the watermark;
@@ -29,18 +29,17 @@ One step, in the order of the seed article's flow (admit -> allocate -> compute 
 The engine then computes the step and frees what finished; a freed block that holds a
 full, hashed block of tokens stays in the prefix cache until it is evicted.
 
-Preemption (``preemption_mode``) takes the blocks of the newest running request:
+The scheduler's parts, each in its own module:
 
-    recompute   free its blocks and requeue it at the head of the waiting queue; its prompt
-                and the tokens generated so far are computed again as one longer prompt
-                (often cheaply: its full blocks are still in the prefix cache);
-    swap        copy its blocks to a CPU pool (``kvlab.cache.swap``), free them, and copy them
-                back later. The swap-in is started a step ahead when memory allows
-                (``prefetch``), the seed article's Prefetch Engine.
+    scheduler             the queues, and the step: running requests first, decodes batched
+    scheduler_admission   who joins: the batching mode's rule, seats, budget, KV admission
+    scheduler_preemption  who gives way when blocks run out: the newest (or least
+                          important) running request, recomputed or swapped out
+    scheduler_swap        swapped requests copied back, a step ahead when memory allows
+                          (``prefetch``, the seed article's Prefetch Engine)
 
-Either way the request later produces exactly the tokens it would have produced without
-the preemption: its sampled tokens are kept, and its random generator only advances when
-it draws a token.
+A preempted request later produces exactly the tokens it would have produced without the
+preemption.
 
 Not handled: multiple KV cache groups, speculative decoding, LoRA, pipeline parallelism.
 """
@@ -49,21 +48,22 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from kvlab.cache.manager import CacheFullError, KVCacheManager
 from kvlab.engine.request import Request, RequestStatus
+from kvlab.engine.scheduler_admission import Admission
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.scheduler_output import SchedulerOutput
-from kvlab.engine.scheduler_swap import SwapScheduling, seats_of
+from kvlab.engine.scheduler_preemption import Preemption
+from kvlab.engine.scheduler_swap import seats_of
 from kvlab.engine.waiting_queue import WaitingQueue
 
 if TYPE_CHECKING:
     from kvlab.cache.swap import SwapSpace
 
 
-class Scheduler(SwapScheduling):
+class Scheduler(Admission, Preemption):
     """Decides every step who runs; allocates their KV slots; preempts when blocks run out.
 
     Args:
@@ -162,12 +162,6 @@ class Scheduler(SwapScheduling):
             self._batch.discard(request.seq_id)
         self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
 
-    def next_wakeup(self) -> float | None:
-        """When a dynamic batch times out (the engine idles until then), else None."""
-        if self.config.scheduling != "dynamic" or self._batch or not self.waiting:
-            return None
-        return self.waiting.oldest_arrival() + self.config.batch_timeout
-
     # ---- one step ------------------------------------------------------------------------
 
     def schedule(self, now: float) -> SchedulerOutput:
@@ -257,116 +251,3 @@ class Scheduler(SwapScheduling):
             out.add(stuck, 1)
             budget -= 1
         return where[num_allocated] + 1, budget
-
-    def _preempt_until_fits(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
-        """Free blocks until ``request``'s next tokens fit; False if it was preempted itself."""
-        start = request.num_computed_tokens
-        token_ids = request.token_ids[start : start + num_new]
-        while True:
-            if not self._drop_prefetched():
-                victim = self._pick_victim()
-                if victim.status is RequestStatus.RUNNING and victim in out.requests:
-                    out._remove(victim)  # priority mode: a lower-priority one ran first
-                self._preempt(victim, out)
-                if victim is request:
-                    return False
-            try:
-                out.blocks_to_copy += self.kv.allocate_slots(request.seq_id, num_new, token_ids)
-                return True
-            except CacheFullError:
-                pass
-
-    def _pick_victim(self) -> Request:
-        if self.config.scheduling_policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.seq_id))
-        return self.running[-1]
-
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
-        self.running.remove(victim)
-        self.num_seats -= seats_of(victim)
-        victim.num_preemptions += 1
-        self.num_preemptions += 1
-        out.preempted.append(victim)
-        if self._swap_out(victim, out):
-            return
-        # Recompute (also the fallback when there is no CPU pool, or it is full).
-        self.kv.free(victim.seq_id)
-        victim.num_computed_tokens = 0
-        victim.status = RequestStatus.WAITING
-        self.waiting.push_front(victim)
-
-    def _admit_waiting(self, out: SchedulerOutput, budget: float, now: float) -> None:
-        if self._continuous:
-            candidates: Iterator[Request] = iter(self.waiting)
-        elif self._batch:
-            # A batch is in progress: only its own preempted members may come back.
-            candidates = (r for r in self.waiting if r.seq_id in self._batch)
-        elif self._batch_is_ready(now):
-            candidates = iter(self.waiting)
-        else:
-            return
-        admitted = []
-        for request in candidates:
-            if budget <= 0 or self.num_seats + seats_of(request) > self.config.max_num_seqs:
-                break
-            num_new = self.kv_admit(request, budget)
-            if num_new is None:
-                break
-            admitted.append(request)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self.num_seats += seats_of(request)
-            out.add(request, num_new)
-            out.admitted.append(request)
-            budget -= num_new
-            if not self._continuous:
-                self._batch.add(request.seq_id)
-        for request in admitted:
-            self.waiting.remove(request)
-
-    def kv_admit(self, request: Request, budget: float) -> int | None:
-        """Start a waiting ``request`` in the KV pool if its first step fits.
-
-        Its first step computes at most ``budget`` tokens of its prompt (prompt and
-        outputs so far, after a preemption); cached prefix blocks are adopted, and
-        ``request.num_computed_tokens`` set to the tokens they hold.
-
-        Returns:
-            the tokens its first step computes, or None when it does not fit (nothing
-            changed).
-        """
-        admission = self.kv.admit(
-            request.seq_id,
-            request.token_ids,
-            token_budget=budget,
-            max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
-            # The reserve does not apply when nothing runs: a request that fits alone is
-            # never starved.
-            watermark=self.config.watermark if self.running else 0.0,
-        )
-        if admission is None:
-            return None
-        num_hit, num_new = admission
-        self._count_prefix_lookup(request, num_hit)
-        request.num_computed_tokens = num_hit
-        return num_new
-
-    def _may_admit(self, request: Request) -> bool:
-        return self._continuous or request.seq_id in self._batch or not self._batch
-
-    def _batch_is_ready(self, now: float) -> bool:
-        """Static: a batch starts as soon as the last one is done. Dynamic: also when full
-        or when the oldest waiting request has waited ``batch_timeout`` seconds."""
-        if self.config.scheduling == "static":
-            return True
-        if len(self.waiting) >= self.config.max_num_seqs:
-            return True
-        # NOTE: the same sum as next_wakeup, so that an engine idling until exactly that
-        # moment finds the batch ready (now - arrival could round just below the timeout).
-        return now >= self.waiting.oldest_arrival() + self.config.batch_timeout
-
-    def _count_prefix_lookup(self, request: Request, num_hit: int) -> None:
-        if request.num_cached_tokens is None:
-            request.num_cached_tokens = num_hit
-        self.num_prompt_tokens_queried += request.num_tokens
-        self.num_prompt_tokens_hit += num_hit

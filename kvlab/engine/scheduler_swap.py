@@ -60,7 +60,7 @@ class SwapScheduling:
     num_prefetched: int
 
     def _may_admit(self, request: Request) -> bool:
-        """Whether the batching rule lets ``request`` run now; ``Scheduler`` defines it."""
+        """Whether the batching rule lets ``request`` run now; ``Admission`` defines it."""
         raise NotImplementedError
 
     def _swap_out(self, victim: Request, out: SchedulerOutput) -> bool:

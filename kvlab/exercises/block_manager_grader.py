@@ -7,11 +7,12 @@ manager and on kvlab's ``BlockManager`` side by side, and a failure shrunk to it
     shrink(make, ops, criterion)  the fewest, smallest operations still breaking it
 
 The two managers may pick different physical blocks (any free block will do), so they are
-compared by what must agree (token counts, free-block counts, refusals, how many copies)
-and the learner's state is checked against the invariants of paged memory after every
-operation: each table is ``ceil(num_tokens / block_size)`` blocks long, a block's
-``ref_cnt`` is the number of tables holding it, the free list is exactly the blocks with
-``ref_cnt == 0``, and the block a step writes is held by nobody else.
+compared by what must agree (token counts, free-block counts, refusals, how many copies,
+and that the block a step writes is held by nobody else), and the learner's state is
+checked against the invariants of paged memory after every operation
+(``kvlab.exercises.block_manager_invariants``): each table holds
+``ceil(num_tokens / block_size)`` blocks, a block's ``ref_cnt`` is the number of tables
+holding it, the free list is exactly the blocks with ``ref_cnt == 0``.
 
 ``kvlab.exercises.build_block_manager`` turns these into a report. Not handled: prefix
 caching (lab 06), swapping.
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 import copy
 import random
-from collections import Counter
 from collections.abc import Callable
 
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import CacheFullError
+from kvlab.exercises.block_manager_invariants import call_learner, check_invariants, plural
 from kvlab.exercises.grading import shrink_loop
+from kvlab.exercises.learner_pool import LearnerError
 
 NUM_BLOCKS = 12
 BLOCK_SIZE = 4
@@ -42,22 +44,14 @@ _CRITERION_OF = {
 }
 
 
-class _LearnerError(Exception):
-    """The learner's method raised something other than CacheFullError."""
-
-    def __init__(self, method: str, message: str):
-        super().__init__(message)
-        self.method = method
-
-
 def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
     """(criterion, what happened, misconception) of the first difference, or None."""
     mine, ref = make(NUM_BLOCKS, BLOCK_SIZE), BlockManager(NUM_BLOCKS, BLOCK_SIZE, False)
     for index, op in enumerate(ops):
         where = f"operation {index + 1}, {show_op(op)}"
         try:
-            failure = _one_op(mine, ref, op, where) or _invariants(mine, ref, where)
-        except _LearnerError as error:
+            failure = _one_op(mine, ref, op, where) or check_invariants(mine, ref, where)
+        except LearnerError as error:
             return (
                 _CRITERION_OF[error.method],
                 f"{where}: {error}",
@@ -69,15 +63,6 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
     return None
 
 
-def _call(name: str, method, *args):
-    try:
-        return method(*args)
-    except CacheFullError as error:
-        return error
-    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        raise _LearnerError(name, f"{name}() raised {type(error).__name__}: {error}") from error
-
-
 def _state(mine) -> tuple:
     return copy.deepcopy((mine.block_tables, mine.num_tokens, mine.ref_cnt, mine.free_blocks))
 
@@ -86,13 +71,13 @@ def _one_op(mine, ref, op: Op, where: str):
     """Run ``op`` on both managers; the difference it shows, or None."""
     if op[0] == "free":
         ref.free(op[1])
-        _call("free", mine.free, op[1])
+        call_learner("free", mine.free, op[1])
         return None
     if op[0] == "fork":
         _, parent, child = op
         ref.fork(parent, child)
         free_before = len(mine.free_blocks)
-        _call("fork", mine.fork, parent, child)
+        call_learner("fork", mine.fork, parent, child)
         tables = mine.block_tables
         if child not in tables or tables[child] != tables.get(parent):
             return (
@@ -129,8 +114,8 @@ def _allocate(mine, ref, op: Op, where: str):
     before = _state(mine)
     old_table = list(mine.block_tables.get(seq_id, []))
     num_old = mine.num_tokens.get(seq_id, 0)
-    expected = _call("allocate_slots", ref.allocate_slots, seq_id, num_new)
-    got = _call("allocate_slots", mine.allocate_slots, seq_id, num_new)
+    expected = call_learner("allocate_slots", ref.allocate_slots, seq_id, num_new)
+    got = call_learner("allocate_slots", mine.allocate_slots, seq_id, num_new)
     if isinstance(expected, CacheFullError) != isinstance(got, CacheFullError):
         if isinstance(expected, CacheFullError):
             why = (
@@ -199,105 +184,9 @@ def _check_copies(mine, op: Op, num_old, old_table, got, num_expected, where):
     return None
 
 
-def _invariants(mine, ref, where: str):
-    """The learner's state after an operation, against paged memory's invariants."""
-    size = BLOCK_SIZE
-    if set(mine.block_tables) != set(ref.seq_ids()):
-        return (
-            "grows",
-            f"after {where}: sequences {sorted(mine.block_tables)}, expected "
-            f"{sorted(ref.seq_ids())}",
-            "allocate_slots on an unknown seq_id starts it; free forgets it",
-        )
-    for seq_id, table in mine.block_tables.items():
-        num_tokens = mine.num_tokens.get(seq_id)
-        if num_tokens != ref.num_tokens(seq_id):
-            return (
-                "grows",
-                f"after {where}: seq {seq_id} holds {num_tokens} tokens, expected "
-                f"{ref.num_tokens(seq_id)}",
-                "num_tokens grows by num_new_tokens",
-            )
-        need = -(-num_tokens // size)
-        if len(table) != need:
-            why = (
-                "a sequence takes a new block only when its last one is full"
-                if len(table) > need
-                else "count the blocks for all its tokens, old and new: ceil(num_tokens / size)"
-            )
-            return (
-                "grows",
-                f"after {where}: seq {seq_id} holds {num_tokens} tokens in "
-                f"{len(table)} blocks {table}, expected {need}",
-                why,
-            )
-        failure = _check_slot_mapping(mine, seq_id, table, num_tokens, where)
-        if failure:
-            return failure
-    held = Counter(b for table in mine.block_tables.values() for b in table)
-    wrong = [b for b in range(NUM_BLOCKS) if mine.ref_cnt[b] != held[b]]
-    if wrong:
-        b = wrong[0]
-        why = (
-            "free must give back only blocks nobody else holds: subtract 1 from ref_cnt, "
-            "and free the block at 0"
-            if mine.ref_cnt[b] < held[b]
-            else "each table that holds a block adds 1 to its ref_cnt (fork too); free subtracts 1"
-        )
-        return (
-            "ref_cnt",
-            f"after {where}: block {b} has ref_cnt {mine.ref_cnt[b]}, but it is in "
-            f"{_count(held[b], 'block table')}",
-            why,
-        )
-    free = list(mine.free_blocks)
-    unheld = sorted(b for b in range(NUM_BLOCKS) if held[b] == 0)
-    if sorted(free) != unheld:
-        if len(set(free)) < len(free):
-            why = "a block went back to free_blocks twice"
-        elif set(free) & set(held):
-            why = "freed a block another sequence still holds"
-        else:
-            why = "free_blocks must hold exactly the blocks with ref_cnt 0"
-        return "ref_cnt", f"after {where}: free_blocks is {sorted(free)}, expected {unheld}", why
-    return None
-
-
-def _check_slot_mapping(mine, seq_id, table, num_tokens, where):
-    expected = [
-        table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE for pos in range(num_tokens)
-    ]
-    got = _call("slot_mapping", mine.slot_mapping, seq_id, 0, num_tokens)
-    got = None if got is None else list(got)
-    if got != expected:
-        why = "slot = block_table[pos // block_size] * block_size + pos % block_size"
-        if got == list(range(num_tokens)):
-            why = "a position's slot goes through the block table: " + why
-        return (
-            "slot_mapping",
-            f"after {where}: slot_mapping(seq {seq_id}, 0, {num_tokens}) "
-            f"= {got}, expected {expected} (block table {table})",
-            why,
-        )
-    if num_tokens > 1:
-        tail = _call("slot_mapping", mine.slot_mapping, seq_id, 1, num_tokens - 1)
-        if tail is None or list(tail) != expected[1:]:
-            return (
-                "slot_mapping",
-                f"after {where}: slot_mapping(seq {seq_id}, 1, "
-                f"{num_tokens - 1}) = {tail}, expected {expected[1:]}",
-                "start is the first position, num how many follow",
-            )
-    return None
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def show_op(op: Op) -> str:
     if op[0] == "allocate_slots":
-        return f"allocate_slots(seq {op[1]}, {_count(op[2], 'token')})"
+        return f"allocate_slots(seq {op[1]}, {plural(op[2], 'token')})"
     if op[0] == "fork":
         return f"fork(seq {op[1]} -> seq {op[2]})"
     return f"free(seq {op[1]})"

@@ -1,7 +1,7 @@
 """Benchmarks: kvlab's engine against Hugging Face transformers, end to end.
 
 End to end (``python -m kvlab.measure.bench``): one seeded workload of requests with ShareGPT-like
-lengths (``kvlab.sim.trace.make_trace``, scaled down to a small model) goes through
+lengths (``kvlab.measure.workload``, scaled down to a small model) goes through
 
     hf-one-at-a-time   ``model.generate``, one request after the other (batch 1)
     hf-static-padded   ``model.generate`` on left-padded batches of max_num_seqs requests;
@@ -12,9 +12,10 @@ lengths (``kvlab.sim.trace.make_trace``, scaled down to a small model) goes thro
     kvlab-static, kvlab-dynamic, kvlab-continuous   ``kvlab.LLM`` with each policy
 
 with the same model, device, threads and greedy decoding (EOS ignored, so every request
-generates exactly its output length). It checks that every method produced the same
-tokens, and prints tokens/s, the ratios against hf-one-at-a-time and hf-generate-batch,
-and how much of the held KV memory held tokens (KV utilization).
+generates exactly its output length); the three Hugging Face runs are
+``kvlab.measure.hf_baselines``. It checks that every method produced the same tokens, and
+prints tokens/s, the ratios against hf-one-at-a-time and hf-generate-batch, and how much
+of the held KV memory held tokens (KV utilization).
 
     python -m kvlab.measure.bench --num-requests 16 --max-tokens 32   # a few minutes on a CPU
     python -m kvlab.measure.bench --threads 1 --repeat 2              # steadier when shared
@@ -28,152 +29,20 @@ reading the sampled tokens each step, like any engine that samples on the host).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.sim.trace import make_trace
+from kvlab.measure.hf_baselines import (
+    run_hf_generate_batch,
+    run_hf_one_at_a_time,
+    run_hf_static_padded,
+)
+from kvlab.measure.workload import Result, Workload, make_workload
 
-# ---- the workload --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Prompts (token ids) and how many tokens each request generates."""
-
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-
-def make_workload(
-    num_requests: int,
-    vocab_size: int,
-    max_prompt_len: int = 256,
-    max_tokens: int = 64,
-    prompt_scale: float = 0.25,
-    output_scale: float = 0.1,
-    seed: int = 0,
-    exclude_ids: tuple[int, ...] = (),
-) -> Workload:
-    """ShareGPT-like lengths (161 prompt, 338 output tokens on average) scaled for a CPU.
-
-    Prompt lengths are ``prompt_scale`` x the trace's (at most ``max_prompt_len``), output
-    lengths ``output_scale`` x (at most ``max_tokens``); token ids are drawn at random.
-    """
-    trace = make_trace(num_requests, "sharegpt", arrival_rate=math.inf, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    prompts, outputs = [], []
-    for prompt_len, output_len in zip(trace.prompt_lens, trace.output_lens, strict=True):
-        n = min(max(round(prompt_len * prompt_scale), 4), max_prompt_len)
-        # Ids from 3 up: 0-2 are the pad/bos/eos ids of Llama-style vocabularies.
-        ids = torch.randint(3, vocab_size, (n,), generator=generator).tolist()
-        prompts.append([t if t not in exclude_ids else (t + 1) % vocab_size for t in ids])
-        outputs.append(min(max(round(output_len * output_scale), 1), max_tokens))
-    return Workload(prompts, outputs)
-
-
-# ---- the methods ---------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    """One method's run: wall time, tokens, and (where it can be known) KV utilization."""
-
-    name: str
-    seconds: float
-    outputs: list[list[int]]
-    kv_utilization: float | None = None
-    note: str = ""
-
-
-def run_hf_one_at_a_time(model, workload: Workload) -> Result:
-    from transformers import GenerationConfig
-
-    outputs = []
-    start = time.perf_counter()
-    for prompt, num_new in zip(workload.prompts, workload.output_lens, strict=True):
-        config = _hf_config(GenerationConfig, num_new)
-        ids = torch.tensor([prompt], device=model.device)
-        # An explicit mask: without one, generate masks every token equal to pad_token_id.
-        mask = torch.ones_like(ids)
-        with _eos_never_ends():
-            out = model.generate(ids, attention_mask=mask, generation_config=config)
-        outputs.append(out[0, len(prompt) :].tolist())
-    return Result("hf-one-at-a-time", time.perf_counter() - start, outputs, 1.0)
-
-
-def run_hf_static_padded(model, workload: Workload, batch_size: int) -> Result:
-    from transformers import GenerationConfig
-
-    from kvlab.measure.padded_batch import left_pad
-
-    outputs, held, used = [], 0, 0
-    start = time.perf_counter()
-    for first in range(0, len(workload.prompts), batch_size):
-        prompts = workload.prompts[first : first + batch_size]
-        lens = workload.output_lens[first : first + batch_size]
-        width, steps = max(map(len, prompts)), max(lens)
-        ids, mask = left_pad(prompts, device=model.device)
-        config = _hf_config(GenerationConfig, steps)
-        with _eos_never_ends():
-            out = model.generate(ids, attention_mask=mask, generation_config=config)
-        outputs += [row[:n] for row, n in zip(out[:, width:].tolist(), lens, strict=True)]
-        # DynamicCache holds batch x (width + t) slots at step t; a row's useful tokens are
-        # its prompt and its own outputs (padding and tokens past its length are waste).
-        for t in range(steps):
-            held += len(prompts) * (width + t)
-            used += sum(len(p) + min(t, n) for p, n in zip(prompts, lens, strict=True))
-    return Result("hf-static-padded", time.perf_counter() - start, outputs, used / held)
-
-
-def run_hf_generate_batch(
-    model,
-    workload: Workload,
-    *,
-    num_blocks: int,
-    block_size: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-) -> Result:
-    """transformers' continuous batching (``generate_batch``'s manager), sized like kvlab:
-    the same KV blocks of ``block_size`` tokens, seats and token budget per step."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    config = _hf_config(GenerationConfig, max(workload.output_lens))
-    cb_config = ContinuousBatchingConfig(
-        page_size=block_size,
-        num_blocks=num_blocks,
-        max_batch_tokens=max_num_batched_tokens,
-        max_requests_per_batch=max_num_seqs,
-    )
-    results = {}
-    start = time.perf_counter()
-    with model.continuous_batching_context_manager(
-        generation_config=config, continuous_batching_config=cb_config, warmup=False
-    ) as manager:
-        for i, (prompt, num_new) in enumerate(
-            zip(workload.prompts, workload.output_lens, strict=True)
-        ):
-            manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=num_new)
-        while len(results) < len(workload.prompts):
-            result = manager.get_result(timeout=1)
-            if result is not None and result.is_finished():
-                results[result.request_id] = list(result.generated_tokens)
-            elif result is None and not manager.is_running():
-                raise RuntimeError("transformers' continuous batching thread stopped")
-        seconds = time.perf_counter() - start  # before the manager's shutdown
-    outputs = [results[f"r{i}"] for i in range(len(workload.prompts))]
-    return Result("hf-generate-batch", seconds, outputs)
+# ---- kvlab's runs --------------------------------------------------------------------------
 
 
 def run_kvlab(model, workload: Workload, scheduling: str, num_blocks: int, args) -> Result:
@@ -210,31 +79,6 @@ def timed_generate(llm, workload: Workload) -> tuple[float, list[list[int]]]:
     outputs = llm.generate(workload.prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     return seconds, [o.outputs[0].token_ids for o in outputs]
-
-
-def _hf_config(generation_config_cls, max_new_tokens: int):
-    # EOS ignored as vLLM's ignore_eos does it: an EOS token may be generated, and generation
-    # goes on after it. (min_new_tokens would instead forbid EOS, a different greedy choice
-    # wherever EOS is the most likely token.) No token has id -1, so none ends a row.
-    return generation_config_cls(
-        max_new_tokens=max_new_tokens,
-        eos_token_id=-1,
-        do_sample=False,
-        pad_token_id=0,
-    )
-
-
-@contextlib.contextmanager
-def _eos_never_ends():
-    """Silence transformers' warning, on every call, that EOS id -1 never ends a row: the
-    point of ``_hf_config``."""
-    logger = logging.getLogger("transformers.generation.utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 # ---- report --------------------------------------------------------------------------------

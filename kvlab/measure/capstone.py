@@ -34,7 +34,7 @@ import torch
 
 from kvlab.engine.metrics import StepStats
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.measure.bench import Result, Workload
+from kvlab.measure.workload import Result, Workload
 from kvlab.model.linear import fused_weights
 
 

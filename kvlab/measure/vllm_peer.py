@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from kvlab.engine.llm import LLM
-from kvlab.measure.bench import Workload, make_workload, timed_generate
+from kvlab.measure.bench import timed_generate
+from kvlab.measure.workload import Workload, make_workload
 from kvlab.model.loading import load_model, smollm2_folder
 
 SIDE_ENV = Path(__file__).resolve().parents[2] / ".venv-vllm"  # beside kvlab/, in the repo

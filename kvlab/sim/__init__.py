@@ -3,6 +3,7 @@
 trace       make_trace: Poisson arrivals, ShareGPT- or Alpaca-like lengths, seeded
 memory      the real KV bookkeeping (block manager, contiguous arena), no tensors
 simulator   simulate: a fast path of the engine's loop, measuring KV memory per step
+metrics     SimResult: KV memory in five parts, from token states to free, time-averaged
 paper       the PagedAttention paper's Figure 2 figures beside kvlab's
             (python -m kvlab.sim)
 """

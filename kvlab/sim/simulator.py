@@ -23,20 +23,7 @@ finish the same requests at the same steps, holding the same memory. One step:
 A request of ``p`` prompt and ``o`` output tokens holds at most ``p + o - 1`` slots: its
 last token is sampled, never computed. Token counts are kept in closed form and blocks
 are taken at scheduled events, so a step costs O(events), not O(running requests).
-
-Memory, in token slots, is split into five parts that add up to the KV capacity:
-
-    token_states            slots holding a token of a running request
-    reserved_for_future     reserved slots its owner will still fill before it finishes
-    internal_fragmentation  reserved slots past the owner's final length: never used
-    external_fragmentation  free slots in holes too small for the request waiting at the
-                            head of the queue (contiguous only; 0 when nothing waits)
-    free                    every other free slot
-
-``token_states`` is what the PagedAttention paper (Kwon et al., SOSP 2023, Fig. 2) reports
-as the share of KV memory that holds token states; ``kvlab.sim.paper`` sets kvlab's
-figures beside the published ones (``python -m kvlab.sim``). Memory is measured while
-requests wait for it (see ``SimResult``).
+Memory is measured in five parts that add up to the KV capacity (``kvlab.sim.metrics``).
 
 Not handled: compute time (every step lasts ``step_seconds``), chunked prefill, prefix
 sharing, swapping, activation memory (the KV budget is utilization x memory - weights).
@@ -45,61 +32,14 @@ sharing, swapping, activation memory (the KV budget is utilization x memory - we
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from kvlab.memory import GIB, KVSpec
 from kvlab.sim.memory import ContiguousMemory, PagedMemory, final_lens
+from kvlab.sim.metrics import MemoryMeter, SimResult, StepLog
 from kvlab.sim.trace import Trace
 
 ALLOCATORS = ("contiguous", "paged")
 A100_40GB = 40 * GIB
-
-
-@dataclass(frozen=True)
-class SimResult:
-    """What one replay measured.
-
-    Memory is measured while the server is memory-bound: time averages over the steps in
-    which a request waited (if none ever waited, over every step). The start, when memory
-    fills, and the end, when the last long requests drain, would otherwise weigh in with
-    memory that is free only because no request is left to use it.
-
-    Attributes:
-        label: allocator and policy, e.g. ``"contiguous/oracle-pow2"`` or ``"paged/16"``.
-        capacity_slots: token slots the KV budget holds.
-        num_steps, sim_seconds: steps run with at least one request in the system, and
-            the simulated time they took.
-        measured_steps: the steps the memory figures average over.
-        utilization: token slots in use / reserved slots (time-averaged sums).
-        token_states, reserved_for_future, internal_fragmentation, external_fragmentation,
-            free: the five parts of KV memory (see the module docstring); they add up to 1.
-        mean_running, peak_running: requests running per step.
-        fit_at_once: mean running requests in steps where a request was left waiting,
-            i.e. how many requests the memory holds at once (None if none ever waited).
-        num_preemptions: running requests evicted to free blocks (paged only).
-    """
-
-    label: str
-    capacity_slots: int
-    num_requests: int
-    num_steps: int
-    measured_steps: int
-    sim_seconds: float
-    utilization: float
-    token_states: float
-    reserved_for_future: float
-    internal_fragmentation: float
-    external_fragmentation: float
-    free: float
-    mean_running: float
-    peak_running: int
-    fit_at_once: float | None
-    num_preemptions: int
-
-    @property
-    def throughput(self) -> float:
-        """Requests finished per simulated second."""
-        return self.num_requests / self.sim_seconds if self.sim_seconds else 0.0
 
 
 # ---- the replay ----------------------------------------------------------------------------
@@ -159,48 +99,6 @@ def simulate(
     return _Replay(trace, memory, max_num_seqs, step_seconds, log).run()
 
 
-class _Meter:
-    """Per-step samples of memory, summed for time averages."""
-
-    def __init__(self) -> None:
-        self.steps = self.running = self.used = self.reserved = self.useful = self.external = 0
-
-    def add(self, running: int, used: int, reserved: int, useful: int, external: int) -> None:
-        self.steps += 1
-        self.running += running
-        self.used += used
-        self.reserved += reserved
-        self.useful += useful  # reserved slots that will hold a token before their owner ends
-        self.external += external
-
-    def shares(self, capacity: int) -> dict[str, float]:
-        """The five parts of KV memory, as time-averaged fractions of ``capacity``."""
-        total = capacity * self.steps
-        return dict(
-            token_states=self.used / total,
-            reserved_for_future=(self.useful - self.used) / total,
-            internal_fragmentation=(self.reserved - self.useful) / total,
-            external_fragmentation=self.external / total,
-            free=1.0 - (self.reserved + self.external) / total,
-        )
-
-
-@dataclass(frozen=True)
-class StepLog:
-    """What one replay step did, for comparing the replay with the engine.
-
-    Attributes:
-        admitted, preempted, finished: request indices, in the order it happened.
-        used_slots, reserved_slots: memory at the measuring point, before frees.
-    """
-
-    admitted: tuple[int, ...]
-    preempted: tuple[int, ...]
-    finished: tuple[int, ...]
-    used_slots: int
-    reserved_slots: int
-
-
 class _Replay:
     """The serving loop. Token counts are kept in closed form, so a step costs O(events).
 
@@ -225,7 +123,7 @@ class _Replay:
 
     def run(self) -> SimResult:
         trace, num_requests = self.trace, len(self.trace)
-        every_step, under_load = _Meter(), _Meter()
+        every_step, under_load = MemoryMeter(), MemoryMeter()
         peak = finished = 0
         next_arrival, step, now = 0, 0, 0.0
         while finished < num_requests:
@@ -276,7 +174,7 @@ class _Replay:
             num_preemptions=self.num_preemptions,
         )
 
-    def _measure(self, step: int, every_step: _Meter, under_load: _Meter) -> tuple:
+    def _measure(self, step: int, every_step: MemoryMeter, under_load: MemoryMeter) -> tuple:
         num_running = len(self.running)
         used = self.sum_base + num_running * step
         external = 0

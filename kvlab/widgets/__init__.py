@@ -15,7 +15,8 @@ import importlib
 
 from kvlab.widgets.block_table_diagram import BlockTableDiagram
 from kvlab.widgets.memory_gauge import MemoryGauge, format_bytes
-from kvlab.widgets.page_map import PageMap, seq_color
+from kvlab.widgets.page_map import PageMap
+from kvlab.widgets.page_map_state import seq_color
 from kvlab.widgets.static_figures import enable_static_figures
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 

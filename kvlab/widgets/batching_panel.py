@@ -22,6 +22,10 @@ budget's slider trades those stalls against the long prompts' TTFT
 
 Where no kernel runs it (GitHub, nbviewer), its output shows a PNG of the timeline.
 
+Its parts: ``kvlab.widgets.batching_knobs`` (the knobs' values, ranges and sliders),
+``kvlab.widgets.batching_replays`` (the model, the trace and the ``LLM`` each replay
+runs; no widgets) and ``kvlab.widgets.batching_figures`` (the plots).
+
 Each slider has the CSS class ``kvlab-slider-<name>`` (``max_num_seqs``, ``batch_timeout``,
 ``block_size``, ``num_blocks``, ``max_num_batched_tokens``, ``arrival_rate``, and ``step``);
 the panel's root has ``kvlab-batching-panel``. Plots are plotly ``go.Figure`` objects shown
@@ -40,128 +44,19 @@ from __future__ import annotations
 
 import base64
 import html
-import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from kvlab.engine.llm import LLM
-from kvlab.engine.metrics import ManualClock
-from kvlab.engine.scheduler_config import SCHEDULING_MODES, SchedulerConfig
-from kvlab.engine.step_cost import StepCostClock
-from kvlab.measure.replay import ReplayResult, TraceRequests, on_time_grid, replay
-from kvlab.model.loading import load_model
-from kvlab.sim.trace import LENGTH_PROFILES, make_trace
+from kvlab.engine.scheduler_config import SCHEDULING_MODES
+from kvlab.measure.replay import ReplayResult, TraceRequests, replay
 from kvlab.widgets.batching_figures import comparison_figure, panel_figure, show_figure
+from kvlab.widgets.batching_knobs import PanelSettings, sliders
+from kvlab.widgets.batching_replays import BatchingReplays
 from kvlab.widgets.static_figures import figure_png
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 from kvlab.widgets.svg import with_static_copy
-
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
-
-# ---- the knobs -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PanelSettings:
-    """The values of the panel's controls, each checked against its slider's range.
-
-    Attributes:
-        scheduling: ``"static"``, ``"dynamic"`` or ``"continuous"`` (the timeline's policy).
-        max_num_seqs: sequences that run at once (the seed article's max_batch_size), 1-16.
-        batch_timeout: dynamic only: seconds a batch waits to fill, 0-2.
-        block_size: tokens per KV block, a power of two from 1 to 64.
-        num_blocks: KV blocks in the pool, 4-512.
-        max_num_batched_tokens: the token budget of one continuous step, 16-512.
-        arrival_rate: mean requests per second of the trace, 0.5-50.
-    """
-
-    scheduling: str = "continuous"
-    max_num_seqs: int = 4
-    batch_timeout: float = 0.1
-    block_size: int = 8
-    num_blocks: int = 64
-    max_num_batched_tokens: int = 32
-    arrival_rate: float = 8.0
-
-    def __post_init__(self) -> None:
-        if self.scheduling not in SCHEDULING_MODES:
-            _refuse("scheduling", self.scheduling, f"one of {SCHEDULING_MODES}")
-        _check_number("max_num_seqs", self.max_num_seqs, 1, 16, integer=True)
-        _check_number("batch_timeout", self.batch_timeout, 0, 2)
-        if self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool):
-            _refuse("block_size", self.block_size, f"one of {BLOCK_SIZES}")
-        _check_number("num_blocks", self.num_blocks, 4, 512, integer=True)
-        _check_number("max_num_batched_tokens", self.max_num_batched_tokens, 16, 512, integer=True)
-        _check_number("arrival_rate", self.arrival_rate, 0.5, 50)
-
-    def describe(self) -> str:
-        return (
-            f"max_num_seqs={self.max_num_seqs}, batch_timeout={self.batch_timeout:.2f} s, "
-            f"block_size={self.block_size}, num_blocks={self.num_blocks}, "
-            f"max_num_batched_tokens={self.max_num_batched_tokens}, "
-            f"{self.arrival_rate:g} requests/s"
-        )
-
-
-def _refuse(name: str, value, allowed: str):
-    raise ValueError(f"{name}={value!r} is not allowed: use {allowed}")
-
-
-def _check_number(name: str, value, low, high, integer: bool = False) -> None:
-    kinds = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-        _refuse(name, value, f"{'an int' if integer else 'a number'} from {low} to {high}")
-
-
-def _sliders(settings: PanelSettings) -> dict[str, widgets.Widget]:
-    """One slider per knob, at the values of ``settings``; none replays while dragged."""
-    # Two columns of 415 px fit JupyterLab's output area beside its file browser (about
-    # 850 px); a narrower area wraps them, so that no column hides the other's readouts.
-    style = {"description_width": "185px"}
-    layout = widgets.Layout(width="415px")
-    common = dict(continuous_update=False, style=style, layout=layout)
-    return {
-        "max_num_seqs": widgets.IntSlider(
-            value=settings.max_num_seqs, min=1, max=16, description="max_num_seqs", **common
-        ),
-        "batch_timeout": widgets.FloatSlider(
-            value=settings.batch_timeout,
-            min=0,
-            max=2,
-            step=0.05,
-            readout_format=".2f",
-            description="batch_timeout (s)",
-            **common,
-        ),
-        "block_size": widgets.SelectionSlider(
-            value=settings.block_size, options=BLOCK_SIZES, description="block_size", **common
-        ),
-        "num_blocks": widgets.IntSlider(
-            value=settings.num_blocks, min=4, max=512, step=4, description="num_blocks", **common
-        ),
-        "max_num_batched_tokens": widgets.IntSlider(
-            value=settings.max_num_batched_tokens,
-            min=16,
-            max=512,
-            step=16,
-            description="max_num_batched_tokens",
-            **common,
-        ),
-        "arrival_rate": widgets.FloatSlider(
-            value=settings.arrival_rate,
-            min=0.5,
-            max=50,
-            step=0.5,
-            readout_format=".1f",
-            description="arrival_rate (req/s)",
-            **common,
-        ),
-    }
-
-
-# ---- the panel -------------------------------------------------------------------------------
 
 
 class BatchingPanel(widgets.VBox):
@@ -185,6 +80,7 @@ class BatchingPanel(widgets.VBox):
 
     Attributes:
         settings: the values of the last replay.
+        model, tokenizer: the model replayed (no tokenizer with a loaded model).
         results: policy -> ``ReplayResult`` of the last replay.
         figure, comparison: the plotly figures shown (``go.Figure``).
         pool: the KV pool's ``StepView``, live during a replay, then its recording;
@@ -211,30 +107,22 @@ class BatchingPanel(widgets.VBox):
         run: bool = True,
         **settings,
     ) -> None:
-        _check_number("num_requests", num_requests, 1, 256, integer=True)
-        _check_number("max_output_len", max_output_len, 1, 4096, integer=True)
-        if lengths not in LENGTH_PROFILES:
-            _refuse("lengths", lengths, f"one of {sorted(LENGTH_PROFILES)}")
-        if isinstance(step_seconds, bool) or not isinstance(step_seconds, int | float):
-            _refuse("step_seconds", step_seconds, "seconds > 0")
-        if not 0 < step_seconds < math.inf:
-            _refuse("step_seconds", step_seconds, "seconds > 0")
-        unknown = set(settings) - {f.name for f in fields(PanelSettings)}
-        if unknown:
-            raise TypeError(f"BatchingPanel got unknown settings {sorted(unknown)}")
-        self.settings = PanelSettings(**settings)
-        self._options = dict(preemption_mode=preemption_mode, watermark=watermark)
-        SchedulerConfig(**self._options)  # checks both now, not at the first replay
-        self.model, self.tokenizer = _model_of(model)
-        self._trace_args = dict(num_requests=num_requests, lengths=lengths, seed=seed)
-        self._max_output_len = max_output_len
-        self._step_seconds = step_seconds
-        if step_cost is not None:
-            StepCostClock(step_cost)  # checks it now, not at the first replay
-        self._step_cost = step_cost
+        self._replays = BatchingReplays(
+            model,
+            num_requests=num_requests,
+            lengths=lengths,
+            seed=seed,
+            max_output_len=max_output_len,
+            step_seconds=step_seconds,
+            step_cost=step_cost,
+            preemption_mode=preemption_mode,
+            watermark=watermark,
+            **settings,
+        )  # checks every argument before the first replay
+        self.settings = self._replays.settings
+        self.model, self.tokenizer = self._replays.model, self._replays.tokenizer
         self._compare = compare
         self.live = live
-        self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.results: dict[str, ReplayResult] = {}
         self.figure: go.Figure | None = None
         self.comparison: go.Figure | None = None
@@ -254,7 +142,7 @@ class BatchingPanel(widgets.VBox):
             options=SCHEDULING_MODES, value=self.settings.scheduling, description="scheduling"
         )
         self.scheduling.add_class("kvlab-toggle-scheduling")
-        self.sliders = _sliders(self.settings)
+        self.sliders = sliders(self.settings)
         for name, slider in self.sliders.items():
             slider.add_class(f"kvlab-slider-{name}")
             slider.observe(self._on_knob, names="value")
@@ -269,7 +157,7 @@ class BatchingPanel(widgets.VBox):
         self.comparison_plot = widgets.Output()
         self.comparison_plot.add_class("kvlab-batching-comparison")
         # The KV pool: drawn live during a replay, then a recording to step through.
-        self.pool = StepView([], weight_bytes=self._weight_bytes)
+        self.pool = StepView([], weight_bytes=self._replays.weight_bytes)
         self.pool.page_map.add_class("kvlab-batching-page-map")
         self.page_map, self.gauge = self.pool.page_map, self.pool.gauge
         self.step_slider = self.pool.slider
@@ -310,7 +198,7 @@ class BatchingPanel(widgets.VBox):
         """Replay the trace with the controls' values; show the outcome or why it failed."""
         try:
             settings = self._read_controls()
-            requests = self._requests(settings.arrival_rate)
+            requests = self._replays.requests(settings.arrival_rate)
             self._set_status("replaying ...")
             selected = settings.scheduling
             results = {selected: self._replay(settings, selected, requests, live=True)}
@@ -330,31 +218,10 @@ class BatchingPanel(widgets.VBox):
         values = {name: slider.value for name, slider in self.sliders.items()}
         return PanelSettings(scheduling=self.scheduling.value, **values)
 
-    def _requests(self, arrival_rate: float) -> TraceRequests:
-        trace = make_trace(
-            arrival_rate=arrival_rate,
-            max_model_len=self.model.config.max_position_embeddings,
-            **self._trace_args,
-        )
-        vocab_size = self.model.config.vocab_size
-        seed = self._trace_args["seed"]
-        return TraceRequests.from_trace(trace, vocab_size, self._max_output_len, seed)
-
     def _replay(
         self, settings: PanelSettings, policy: str, requests: TraceRequests, live: bool
     ) -> ReplayResult:
-        llm = LLM(
-            self.model,
-            tokenizer=self.tokenizer,
-            scheduling=policy,
-            max_num_seqs=settings.max_num_seqs,
-            batch_timeout=on_time_grid(settings.batch_timeout),
-            block_size=settings.block_size,
-            num_blocks=settings.num_blocks,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            clock=self._clock(),
-            **self._options,
-        )
+        llm = self._replays.llm(settings, policy)
         self.num_replays += 1
         if not live:
             return replay(llm, requests)
@@ -369,11 +236,6 @@ class BatchingPanel(widgets.VBox):
                 self.pool.show_live(snapshot, title)
 
         return replay(llm, requests, on_step=on_step)
-
-    def _clock(self):
-        if self._step_cost is None:
-            return ManualClock(self._step_seconds)
-        return StepCostClock(self._step_cost)
 
     # ---- drawing -----------------------------------------------------------------------
 
@@ -431,14 +293,3 @@ class BatchingPanel(widgets.VBox):
         if self.error:
             return f"BatchingPanel(not replayed: {self.error})"
         return f"BatchingPanel({self.summary_text()})"
-
-
-def _model_of(model):
-    """(model, tokenizer) from a name, or a loaded model (no tokenizer needed)."""
-    if isinstance(model, str):
-        return load_model(model, device="cpu")
-    if hasattr(model, "config") and hasattr(model, "parameters"):
-        return model, None
-    raise ValueError(
-        f"model={model!r} is not allowed: use 'tiny', 'smollm2-135m' or a loaded model"
-    )

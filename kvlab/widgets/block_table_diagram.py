@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
-from kvlab.widgets.page_map import seq_color
+from kvlab.widgets.page_map_state import seq_color
 from kvlab.widgets.svg import FREE, svg_document, svg_text
 
 MAX_PHYSICAL = 32

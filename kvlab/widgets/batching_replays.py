@@ -1,0 +1,124 @@
+"""The replays behind the batching panel: one seeded trace through ``kvlab.LLM``, no widgets.
+
+``BatchingReplays`` holds what stays fixed while the panel's knobs move: the model, the
+trace (``kvlab.sim.trace.make_trace``: its size, length profile and seed), the cap on
+output lengths, the clock and the preemption options. For each replay it makes the
+trace's requests at the knobs' arrival rate (``requests``) and a fresh ``LLM`` set by the
+knobs (``llm``); the panel runs them (``kvlab.measure.replay.replay``) and draws what
+they did.
+
+Every replay runs on a simulated clock, so its numbers are exact and repeatable: a
+``ManualClock`` whose steps last ``step_seconds``, or with ``step_cost`` (a ``Roofline``,
+or a calibration of lab 04) a ``StepCostClock`` whose steps last what they compute.
+
+Not handled: sampled requests (greedy only), ``n > 1``, real (wall-clock) timing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+
+from kvlab.engine.llm import LLM
+from kvlab.engine.metrics import ManualClock
+from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.step_cost import StepCostClock
+from kvlab.measure.replay import TraceRequests, on_time_grid
+from kvlab.model.loading import load_model
+from kvlab.sim.trace import LENGTH_PROFILES, make_trace
+from kvlab.widgets.batching_knobs import PanelSettings, check_number, refuse
+
+
+class BatchingReplays:
+    """A model and a seeded trace, replayed through ``kvlab.LLM`` as the panel's knobs say.
+
+    Args:
+        model, num_requests, lengths, seed, max_output_len, step_seconds, step_cost,
+            preemption_mode, watermark: as ``BatchingPanel``'s, each checked here.
+        **settings: the knobs' starting values (``PanelSettings`` fields).
+
+    Attributes:
+        settings: those starting values, checked (``PanelSettings``).
+        model, tokenizer: what is replayed (no tokenizer with a loaded model).
+        weight_bytes: the model's weights, for the memory gauge.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        num_requests: int,
+        lengths: str,
+        seed: int,
+        max_output_len: int,
+        step_seconds: float,
+        step_cost,
+        preemption_mode: str,
+        watermark: float,
+        **settings,
+    ) -> None:
+        check_number("num_requests", num_requests, 1, 256, integer=True)
+        check_number("max_output_len", max_output_len, 1, 4096, integer=True)
+        if lengths not in LENGTH_PROFILES:
+            refuse("lengths", lengths, f"one of {sorted(LENGTH_PROFILES)}")
+        if isinstance(step_seconds, bool) or not isinstance(step_seconds, int | float):
+            refuse("step_seconds", step_seconds, "seconds > 0")
+        if not 0 < step_seconds < math.inf:
+            refuse("step_seconds", step_seconds, "seconds > 0")
+        unknown = set(settings) - {f.name for f in fields(PanelSettings)}
+        if unknown:
+            raise TypeError(f"BatchingPanel got unknown settings {sorted(unknown)}")
+        self.settings = PanelSettings(**settings)
+        self.options = dict(preemption_mode=preemption_mode, watermark=watermark)
+        SchedulerConfig(**self.options)  # checks both now, not at the first replay
+        self.model, self.tokenizer = _model_of(model)
+        self.trace_args = dict(num_requests=num_requests, lengths=lengths, seed=seed)
+        self.max_output_len = max_output_len
+        self.step_seconds = step_seconds
+        if step_cost is not None:
+            StepCostClock(step_cost)  # checks it now, not at the first replay
+        self.step_cost = step_cost
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def requests(self, arrival_rate: float) -> TraceRequests:
+        """The trace's requests, arriving at ``arrival_rate`` per second on average."""
+        trace = make_trace(
+            arrival_rate=arrival_rate,
+            max_model_len=self.model.config.max_position_embeddings,
+            **self.trace_args,
+        )
+        vocab_size = self.model.config.vocab_size
+        seed = self.trace_args["seed"]
+        return TraceRequests.from_trace(trace, vocab_size, self.max_output_len, seed)
+
+    def llm(self, settings: PanelSettings, policy: str) -> LLM:
+        """A fresh ``kvlab.LLM`` set by the knobs, scheduling by ``policy``, on its own clock."""
+        return LLM(
+            self.model,
+            tokenizer=self.tokenizer,
+            scheduling=policy,
+            max_num_seqs=settings.max_num_seqs,
+            batch_timeout=on_time_grid(settings.batch_timeout),
+            block_size=settings.block_size,
+            num_blocks=settings.num_blocks,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            clock=self.clock(),
+            **self.options,
+        )
+
+    def clock(self):
+        """A new simulated clock: steps of ``step_seconds``, or of what they cost."""
+        if self.step_cost is None:
+            return ManualClock(self.step_seconds)
+        return StepCostClock(self.step_cost)
+
+
+def _model_of(model):
+    """(model, tokenizer) from a name, or a loaded model (no tokenizer needed)."""
+    if isinstance(model, str):
+        return load_model(model, device="cpu")
+    if hasattr(model, "config") and hasattr(model, "parameters"):
+        return model, None
+    raise ValueError(
+        f"model={model!r} is not allowed: use 'tiny', 'smollm2-135m' or a loaded model"
+    )
