@@ -72,3 +72,17 @@ def test_vllm_beside_without_the_side_environment_says_how_to_build_it(monkeypat
     monkeypatch.setenv("KVLAB_VLLM_PYTHON", str(tmp_path / "missing"))
     with pytest.raises(vllm_peer.VLLMUnavailable, match="make vllm-env"):
         vllm_peer.vllm_beside(Workload([[1]], [1]), [[2]], max_num_seqs=1, max_num_batched_tokens=8)
+
+
+def test_the_table_puts_every_engine_against_vllm_as_it_configures_itself():
+    rows = [
+        vllm_peer.Row("kvlab", 2, [2.0, 1.0], [[1, 2], [3, 4]]),
+        vllm_peer.Row("vLLM", 1, [2.0, 4.0], [[1, 2], [3, 4]]),
+        vllm_peer.Row("hf-one-at-a-time", 2, [8.0], [[1, 2], [3, 5]]),
+        vllm_peer.Row("vLLM on CPUs 0-1", None, [1.0], [[1, 2], [3, 4]]),
+    ]
+    lines = vllm_peer.format_rows(rows, num_tokens=4).splitlines()
+    assert lines[1].split() == ["kvlab", "2", "4.0", "2", "2.00x", "2", "of", "2"]
+    assert lines[2].split() == ["vLLM", "1", "2.0", "2", "1.00x", "2", "of", "2"]
+    assert lines[3].split() == ["hf-one-at-a-time", "2", "0.5", "1", "0.25x", "1", "of", "2"]
+    assert lines[4].split()[-7:] == ["?", "4.0", "1", "2.00x", "2", "of", "2"]

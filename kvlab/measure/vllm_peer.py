@@ -29,14 +29,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from kvlab.engine.llm import LLM
 from kvlab.measure.bench import timed_generate
+from kvlab.measure.hf_baselines import run_hf_generate_batch, run_hf_one_at_a_time
 from kvlab.measure.workload import Workload, make_workload
 from kvlab.model.loading import load_model, smollm2_folder
 
@@ -62,8 +65,20 @@ def vllm_python() -> Path:
     return python
 
 
-def run_vllm(python: Path, workload: Workload, settings: dict, rounds: int) -> dict:
-    """The workload on vLLM, in its own environment; its tokens, timings and counters."""
+def run_vllm(
+    python: Path, workload: Workload, settings: dict, rounds: int, cores: str | None = None
+) -> dict:
+    """The workload on vLLM, in its own environment; its tokens, timings and counters.
+
+    Args:
+        cores: the CPUs vLLM computes on, as ``VLLM_CPU_OMP_THREADS_BIND`` takes them
+            ("0-1"), with none kept for its scheduler process; None leaves vLLM's own
+            choice (on a CPU it keeps one core per worker for that process).
+
+    Returns:
+        the driver's result, plus ``compute_cores``: the cores vLLM said it bound its
+        compute threads to (None if its log did not say).
+    """
     job = dict(
         settings,
         model=str(smollm2_folder()),
@@ -71,15 +86,21 @@ def run_vllm(python: Path, workload: Workload, settings: dict, rounds: int) -> d
         max_tokens=workload.output_lens,
         rounds=rounds,
     )
+    env = dict(os.environ)
+    if cores is not None:
+        env.update(VLLM_CPU_OMP_THREADS_BIND=cores, VLLM_CPU_NUM_OF_RESERVED_CPU="0")
     driver = Path(__file__).with_name("vllm_driver.py")
     done = subprocess.run(
-        [str(python), str(driver)], input=json.dumps(job), capture_output=True, text=True
+        [str(python), str(driver)], input=json.dumps(job), capture_output=True, text=True, env=env
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("KVLAB_RESULT ")]
     if done.returncode != 0 or not lines:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
         raise RuntimeError(f"vLLM failed (exit {done.returncode}):\n{tail}")
-    return json.loads(lines[-1].removeprefix("KVLAB_RESULT "))
+    result = json.loads(lines[-1].removeprefix("KVLAB_RESULT "))
+    bound = re.search(r"local_rank=0, core ids=\[([\d, ]*)\]", done.stdout + done.stderr)
+    result["compute_cores"] = len(bound.group(1).split(",")) if bound else None
+    return result
 
 
 def run_kvlab(model, workload: Workload, settings: dict) -> tuple[float, list[list[int]], dict]:
@@ -170,7 +191,18 @@ def main(argv=None) -> int:
         "--memory-utilization", type=float, default=0.25, help="vLLM: share of CPU memory"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="kvlab's and HF's torch.set_num_threads"
+    )
+    parser.add_argument(
+        "--vllm-cores",
+        default=None,
+        help="also run vLLM computing on these CPUs (VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1), "
+        "none kept for its scheduler process",
+    )
+    parser.add_argument(
+        "--hf", action="store_true", help="also run HF one at a time and HF generate_batch"
+    )
     args = parser.parse_args(argv)
     try:
         python = vllm_python()
@@ -192,27 +224,82 @@ def main(argv=None) -> int:
         max_model_len=2048,
         memory_utilization=args.memory_utilization,
     )
-    kvlab_seconds, vllm_seconds = [], []
-    for _ in range(args.rounds):  # alternate, so both see the same load
-        seconds, kvlab_tokens, kvlab_counters = run_kvlab(model, workload, settings)
-        kvlab_seconds.append(seconds)
-        vllm = run_vllm(python, workload, settings, rounds=1)
-        vllm_seconds.append(vllm["seconds"][0])
-    num_tokens = sum(workload.output_lens)
-    same = sum(a == b for a, b in zip(kvlab_tokens, vllm["tokens"], strict=True))
-    kvlab_rate, vllm_rate = num_tokens / min(kvlab_seconds), num_tokens / min(vllm_seconds)
-    print(f"{args.num_requests} requests, {num_tokens} output tokens, greedy, float32; "
-          f"vLLM {vllm['version']} (load {vllm['load_seconds']:.0f} s)")  # fmt: skip
-    print(f"{'engine':<8}{'tokens/s':>10}{'best of':>9}")
-    print(f"{'kvlab':<8}{kvlab_rate:>10.1f}{len(kvlab_seconds):>9}")
-    print(f"{'vLLM':<8}{vllm_rate:>10.1f}{len(vllm_seconds):>9}")
-    print(f"kvlab / vLLM: {kvlab_rate / vllm_rate:.2f}x")
-    print(f"token-identical requests: {same} of {len(workload.prompts)}")
-    print(f"kvlab's counters: {kvlab_counters}")
+    rows, vllm = _serve_rounds(python, model, workload, settings, args)
+    if args.hf:
+        rows += _hf_rows(model, workload, settings)
+    print(f"{args.num_requests} requests, {workload.num_output_tokens} output tokens, greedy, "
+          f"float32; vLLM {vllm['version']} (load {vllm['load_seconds']:.0f} s)")  # fmt: skip
+    print(format_rows(rows, workload.num_output_tokens))
+    print(f"kvlab's counters: {rows[0].counters}")
     names = ("preemption", "prefix_cache")  # its KV usage is a gauge: 0 once all finished
     shown = {k: v for k, v in vllm["counters"].items() if any(n in k for n in names)}
     print(f"vLLM's counters:  {shown}")
-    return 0 if same == len(workload.prompts) else 1
+    reference = rows[1].tokens
+    return 0 if all(row.tokens == reference for row in rows) else 1
+
+
+@dataclass
+class Row:
+    """One engine's line of the table: its fastest round and its tokens."""
+
+    engine: str
+    threads: int | None  # compute threads (for vLLM: the cores its log says it bound)
+    seconds: list[float]
+    tokens: list[list[int]]
+    counters: dict = field(default_factory=dict)
+
+
+def _serve_rounds(python, model, workload, settings, args) -> tuple[list[Row], dict]:
+    """kvlab and vLLM (and vLLM on ``args.vllm_cores``), alternating round by round so all
+    see the same load; the rows, and vLLM's last result (version, counters)."""
+    threads = torch.get_num_threads()
+    kvlab, vllm_default = Row("kvlab", threads, [], []), Row("vLLM", None, [], [])
+    rows = [kvlab, vllm_default]
+    if args.vllm_cores:
+        rows.append(Row(f"vLLM on CPUs {args.vllm_cores}", None, [], []))
+    for _ in range(args.rounds):
+        seconds, kvlab.tokens, kvlab.counters = run_kvlab(model, workload, settings)
+        kvlab.seconds.append(seconds)
+        for row, cores in zip(rows[1:], (None, args.vllm_cores), strict=False):
+            vllm = run_vllm(python, workload, settings, rounds=1, cores=cores)
+            row.seconds.append(vllm["seconds"][0])
+            row.tokens, row.threads = vllm["tokens"], vllm["compute_cores"]
+    return rows, vllm
+
+
+def _hf_rows(model, workload, settings) -> list[Row]:
+    """Hugging Face one request at a time, and its own continuous batching sized like kvlab."""
+    threads = torch.get_num_threads()
+    one = run_hf_one_at_a_time(model, workload)
+    num_tokens = sum(len(p) for p in workload.prompts) + workload.num_output_tokens
+    batch = run_hf_generate_batch(
+        model,
+        workload,
+        num_blocks=-(-num_tokens // settings["block_size"]) + len(workload.prompts),
+        block_size=settings["block_size"],
+        max_num_seqs=settings["max_num_seqs"],
+        max_num_batched_tokens=settings["max_num_batched_tokens"],
+    )
+    return [Row(r.name, threads, [r.seconds], r.outputs) for r in (one, batch)]
+
+
+def format_rows(rows: list[Row], num_tokens: int) -> str:
+    """The table: tokens/s of each engine's fastest round, against vLLM (the second row,
+    vLLM as it configures itself), and its tokens against vLLM's, request by request."""
+    vllm = rows[1]
+    rate = {row.engine: num_tokens / min(row.seconds) for row in rows}
+    lines = [
+        f"{'engine':<22}{'threads':>8}{'tokens/s':>10}{'rounds':>8}{'vs vLLM':>9}"
+        f"{'same tokens as vLLM':>21}"
+    ]
+    for row in rows:
+        same = sum(a == b for a, b in zip(row.tokens, vllm.tokens, strict=True))
+        threads = "?" if row.threads is None else str(row.threads)
+        lines.append(
+            f"{row.engine:<22}{threads:>8}{rate[row.engine]:>10.1f}{len(row.seconds):>8}"
+            f"{rate[row.engine] / rate[vllm.engine]:>8.2f}x{same:>12} of {len(vllm.tokens)}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -106,12 +106,13 @@ class ModelRunner:
         h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
         num_tokens = h.shape[0]
         # Project, then split the hidden vector into heads: (num_tokens, heads, head_dim).
-        q, k, v = weights.qkv_proj.split(h)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        # Rotate q and k by their positions; v carries no position.
-        q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+        qkv = weights.qkv_proj(h)  # (num_tokens, (heads + 2 kv_heads) * head_dim)
+        num_qk_heads = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : num_qk_heads * self.head_dim].view(num_tokens, num_qk_heads, self.head_dim)
+        v = qkv[:, num_qk_heads * self.head_dim :].view(num_tokens, -1, self.head_dim)
+        # Rotate q and k by their positions, side by side in one pass; v carries no position.
+        qk = _apply_rotary(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         # The KV cache at work: store k and v, then attend over everything stored so far.
         cache.write(index, meta, k, v)
         out = self.attention(q, index, meta, cache, self.scale)
