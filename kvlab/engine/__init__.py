@@ -11,6 +11,7 @@ scheduler_preemption  who gives way when blocks run out: recompute or swap out
 scheduler_output      SchedulerOutput: one step's plan
 scheduler_swap        the scheduler's swap half: swap out, swap in, prefetch
 llm_engine            LLMEngine.step: admit, allocate, compute, sample, free
+sample_step           the loop's sample-and-fork half: tokens, n > 1 forks, token times
 step_inputs           a step's plan packed into one flat batch for the model
 intake                what LLMEngine.add_request checks before a request is queued; arrivals
 model_free            a stand-in for the model, for the engine's own loop at any scale

@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kvlab.cache.base import PooledKVCache
-from kvlab.cache.manager import CacheFullError
 from kvlab.cache.swap import SwapSpace
 from kvlab.engine.intake import (
     Arrivals,
@@ -42,7 +41,8 @@ from kvlab.engine.intake import (
 from kvlab.engine.metrics import RunMetrics, WallClock
 from kvlab.engine.outputs import RequestOutput, request_output
 from kvlab.engine.request import Request, RequestStatus
-from kvlab.engine.sampler import make_generator, sample
+from kvlab.engine.sample_step import SampleStep
+from kvlab.engine.sampler import make_generator
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
@@ -55,7 +55,7 @@ from kvlab.model.runner import ModelRunner
 StepCallback = Callable[[StepStats], None]
 
 
-class LLMEngine:
+class LLMEngine(SampleStep):
     """Owns the runner, the cache and the scheduler; ``step()`` advances every request.
 
     Args:
@@ -229,66 +229,6 @@ class LLMEngine:
         """Run the model on the step's packed batch; the logits and what the step computed."""
         ids, batch, work = pack_step(out, self.runner.device)
         return self.runner.forward(ids, batch, self.cache), work
-
-    def _update(self, out: SchedulerOutput, logits: torch.Tensor, now: float):
-        """Count computed tokens, sample where a sequence is complete, fork, spot the finished.
-
-        Returns:
-            the finished samples, and the ids of the requests to report (those that got a
-            token: all, for "cumulative" output; only finished ones for "final_only").
-        """
-        # NOTE: both loops run over every running sequence every step: lengths are read
-        # with len() rather than through the Request's properties.
-        rows = []
-        for i, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens, strict=True)):
-            request.num_computed_tokens += num_new
-            if request.num_computed_tokens == len(request.token_ids):
-                rows.append(i)  # a prefill chunk that is not the last one samples nothing
-        sampled = [out.requests[i] for i in rows]
-        tokens = sample(logits[rows], sampled) if rows else []
-        finished, touched = [], {}
-        for i, request, token in zip(rows, sampled, tokens, strict=True):
-            if request.first_token_time is None:
-                request.first_token_time = now
-            elif now - request.last_token_time > request.max_token_gap:
-                request.max_token_gap = now - request.last_token_time
-            request.last_token_time = now
-            if request.sampling_params.n > 1 and not request.output_token_ids:
-                finished.extend(self._fork(request, logits[i], now))
-            if request.append_token(token):
-                request.finished_time = now
-                finished.append(request)
-                touched[request.request_id] = None
-            elif request.sampling_params.output_kind == "cumulative":
-                touched[request.request_id] = None  # a running request reports every token
-        return finished, list(touched)
-
-    def _fork(self, parent: Request, logits_row: torch.Tensor, now: float) -> list[Request]:
-        """Start samples 1..n-1 of ``parent``, sharing its prompt's blocks; return finished."""
-        children = []
-        for index in range(1, parent.sampling_params.n):
-            generator = None
-            if parent.base_seed is not None:
-                generator = make_generator(parent.base_seed + index, self.runner.device)
-            child = parent.fork(next(self._seq_ids), index, generator)
-            child.first_token_time = child.last_token_time = now
-            children.append(child)
-        tokens = sample(logits_row.expand(len(children), -1), children)
-        finished = []
-        for child, token in zip(children, tokens, strict=True):
-            self._samples[parent.request_id].append(child)
-            done = child.append_token(token)
-            if done:
-                child.finished_time = now
-            try:
-                self.cache.fork(parent.seq_id, child.seq_id)
-            except CacheFullError:
-                self.scheduler.fork_failed(child)  # it waits, or finishes if it is done
-                continue
-            self.scheduler.add_forked(child)
-            if done:
-                finished.append(child)
-        return finished
 
     def _idle(self, now: float) -> None:
         """Nothing can run: wait for the next arrival or the dynamic batch's timeout."""
