@@ -58,8 +58,11 @@ class SampleStep:
             request.num_computed_tokens += num_new
             if request.num_computed_tokens == len(request.token_ids):
                 rows.append(i)  # a prefill chunk that is not the last one samples nothing
-        sampled = [out.requests[i] for i in rows]
-        tokens = sample(logits[rows], sampled) if rows else []
+        if len(rows) == len(out.requests):  # every row samples (any step without a chunk)
+            sampled, tokens = out.requests, sample(logits, out.requests)
+        else:
+            sampled = [out.requests[i] for i in rows]
+            tokens = sample(logits[rows], sampled) if rows else []
         finished, touched = [], {}
         for i, request, token in zip(rows, sampled, tokens, strict=True):
             if request.first_token_time is None:
