@@ -32,11 +32,9 @@ from dataclasses import dataclass
 from kvlab.cache.base import PooledKVCache
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import CacheFullError
-from kvlab.engine.llm_engine import LLMEngine
-from kvlab.engine.metrics import ManualClock
 from kvlab.engine.model_free import ModelFreeRunner
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.measure.serve import seat_everyone
 
 # ---- fragmentation --------------------------------------------------------------------------
 
@@ -196,14 +194,8 @@ def _run_together(cache: PooledKVCache, requests: list[tuple[int, int, int]]) ->
     engine with no model; None when all ran at once to the end, else what stopped them."""
     runner = ModelFreeRunner(vocab_size=1 << 40)
     num = len(requests)
-    total_prompt = sum(prompt_len for prompt_len, _, _ in requests)
-    engine = LLMEngine(
-        runner,
-        cache,
-        SchedulerConfig(max_num_seqs=num, max_num_batched_tokens=total_prompt + num),
-        clock=ManualClock(1.0),
-        eos_token_id=ModelFreeRunner.EOS,
-    )
+    prompt_lens = [prompt_len for prompt_len, _, _ in requests]
+    engine = seat_everyone(runner, cache, prompt_lens, eos_token_id=ModelFreeRunner.EOS)
     prompts, next_id = [], 2  # token ids 0 and 1 are the runner's outputs
     for i, (prompt_len, output_len, declared) in enumerate(requests):
         # Distinct made-up token ids: no request finds another's blocks in a prefix cache.

@@ -98,15 +98,10 @@ def serve(
         raise ValueError(
             f"arrival_steps has {len(arrivals)} entries for {num} prompts: give one per prompt"
         )
-    engine = LLMEngine(
+    engine = seat_everyone(
         runner,
         cache,
-        SchedulerConfig(
-            max_num_seqs=num,
-            # Room for every prompt at once: a prompt is computed whole in its first step.
-            max_num_batched_tokens=sum(len(p) for p in prompts) + num,
-        ),
-        clock=ManualClock(step_seconds=1.0),
+        [len(p) for p in prompts],
         eos_token_id=eos_token_id,
         on_step=None if on_step is None else _step_callback(on_step, cache),
     )
@@ -141,6 +136,20 @@ def serve(
         engine.metrics.num_preemptions,
         final_slots,
     )
+
+
+def seat_everyone(runner, cache: PooledKVCache, prompt_lens: Sequence[int], **kwargs) -> LLMEngine:
+    """An engine that gives every request a seat and computes every prompt whole in its
+    first step (memory is the only limit), on a clock of one second per step.
+
+    Args:
+        kwargs: passed on to ``LLMEngine`` (``eos_token_id``, ``on_step``).
+    """
+    config = SchedulerConfig(
+        max_num_seqs=len(prompt_lens),
+        max_num_batched_tokens=sum(prompt_lens) + len(prompt_lens),
+    )
+    return LLMEngine(runner, cache, config, clock=ManualClock(step_seconds=1.0), **kwargs)
 
 
 def _step_callback(on_step: StepCallback, cache: KVCache) -> Callable[[StepStats], None]:

@@ -103,13 +103,18 @@ def run_vllm(
     return result
 
 
+def num_blocks_for(workload: Workload, block_size: int) -> int:
+    """KV blocks for every request of the workload at its longest, at once (no preemption)."""
+    num_tokens = sum(len(p) for p in workload.prompts) + workload.num_output_tokens
+    return -(-num_tokens // block_size) + len(workload.prompts)
+
+
 def run_kvlab(model, workload: Workload, settings: dict) -> tuple[float, list[list[int]], dict]:
     """One round of the workload on kvlab: seconds, tokens, and its counters."""
-    num_tokens = sum(len(p) for p in workload.prompts) + sum(workload.output_lens)
     llm = LLM(
         model,
         block_size=settings["block_size"],
-        num_blocks=-(-num_tokens // settings["block_size"]) + len(workload.prompts),
+        num_blocks=num_blocks_for(workload, settings["block_size"]),
         max_num_seqs=settings["max_num_seqs"],
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         enable_prefix_caching=settings["enable_prefix_caching"],
@@ -271,11 +276,10 @@ def _hf_rows(model, workload, settings) -> list[Row]:
     """Hugging Face one request at a time, and its own continuous batching sized like kvlab."""
     threads = torch.get_num_threads()
     one = run_hf_one_at_a_time(model, workload)
-    num_tokens = sum(len(p) for p in workload.prompts) + workload.num_output_tokens
     batch = run_hf_generate_batch(
         model,
         workload,
-        num_blocks=-(-num_tokens // settings["block_size"]) + len(workload.prompts),
+        num_blocks=num_blocks_for(workload, settings["block_size"]),
         block_size=settings["block_size"],
         max_num_seqs=settings["max_num_seqs"],
         max_num_batched_tokens=settings["max_num_batched_tokens"],
