@@ -14,6 +14,7 @@ import importlib.metadata
 import os
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -22,6 +23,15 @@ import torch
 # the switch is set here, the first module kvlab imports, unless the user chose a value.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def cache_dir() -> Path:
+    """Where kvlab keeps what it makes once (converted checkpoints, built kernels):
+    ``$KVLAB_CACHE``, else ``~/.cache/kvlab``."""
+    root = os.environ.get("KVLAB_CACHE") or (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvlab"
+    )
+    return Path(root)
 
 
 def default_device() -> torch.device:

@@ -12,6 +12,7 @@ from conftest import random_prompts
 from transformers import GenerationConfig
 
 import kvlab
+from kvlab.attention import cpu_kernel
 from kvlab.cache.base import ForwardBatch
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
@@ -135,11 +136,13 @@ def test_greedy_rejects_bad_input(tiny):
 
 @pytest.mark.parametrize("cache_kind", ["paged/1", "paged/8", "contiguous"])
 def test_every_attention_backend_is_token_identical(cache_kind):
-    """SDPA and the Triton kernels (interpreted on CPU) give the reference's tokens."""
+    """SDPA, the Triton kernels (interpreted on CPU) and the C kernel give the reference's
+    tokens."""
     model, _ = kvlab.load_model("tiny", device="cpu")
     prompts = random_prompts(model.config.vocab_size, [5, 19])
     outputs = {}
-    for backend in ("reference", "sdpa", "triton"):
+    backends = ("reference", "sdpa", "triton") + (("cpu",) if cpu_kernel.available() else ())
+    for backend in backends:
         runner = ModelRunner(model, attention=backend)
         if cache_kind == "contiguous":
             cache = ContiguousKVCache(2, 2, 16, num_slots=128, max_model_len=64, device="cpu")
@@ -149,6 +152,7 @@ def test_every_attention_backend_is_token_identical(cache_kind):
         outputs[backend] = greedy_generate(runner, cache, prompts, 12)
     assert outputs["sdpa"] == outputs["reference"]
     assert outputs["triton"] == outputs["reference"]
+    assert outputs.get("cpu", outputs["reference"]) == outputs["reference"]
 
 
 def test_triton_backend_needs_a_block_table(tiny):

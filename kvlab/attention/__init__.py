@@ -1,4 +1,4 @@
-"""Attention over cached keys and values: three backends with one signature.
+"""Attention over cached keys and values: four backends with one signature.
 
 Each takes this step's queries, packed flat for all sequences, and returns the outputs in
 the same rows:
@@ -11,6 +11,8 @@ the same rows:
                (same math, far fewer calls; ``sdpa.py``)
     triton     kvlab's Triton kernels read K/V in place through the block table
                (``triton.py``; the kernels are ``kvlab.kernels``)
+    cpu        the decode rows through a C kernel that reads K/V in place through the
+               block table, built on first use (``cpu.py``, ``paged_decode_cpu.c``)
 
 ``meta`` is the step's ``kvlab.cache.step.StepMetadata``, built once by the cache; a
 backend keeps nothing between calls. ``ATTENTION_BACKENDS`` maps the names, the values of
@@ -23,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvlab.attention.cpu import cpu_attention
 from kvlab.attention.reference import reference_attention
 from kvlab.attention.sdpa import sdpa_attention
 from kvlab.attention.triton import triton_attention
@@ -35,11 +38,25 @@ ATTENTION_BACKENDS: dict[str, AttentionFn] = {
     "reference": reference_attention,
     "sdpa": sdpa_attention,
     "triton": triton_attention,
+    "cpu": cpu_attention,
 }
+
+
+def fastest_backend(device: str | torch.device = "cpu") -> str:
+    """The fastest backend for a float32 model on ``device``: ``"cpu"`` on a CPU where the
+    C kernel builds, ``"sdpa"`` elsewhere. The benchmarks run kvlab with it."""
+    from kvlab.attention import cpu_kernel
+
+    if torch.device(device).type == "cpu" and cpu_kernel.available():
+        return "cpu"
+    return "sdpa"
+
 
 __all__ = [
     "ATTENTION_BACKENDS",
     "AttentionFn",
+    "cpu_attention",
+    "fastest_backend",
     "reference_attention",
     "sdpa_attention",
     "triton_attention",

@@ -37,12 +37,22 @@ def sdpa_attention(
     """Same arguments and result as ``reference_attention``."""
     if meta.block_table is None:
         return reference_attention(query, layer, meta, cache, scale)
+    return attend_split(query, layer, meta, cache, scale, _decode)
+
+
+def attend_split(query, layer, meta: StepMetadata, cache: KVCache, scale: float, decode):
+    """The decode rows of a step in one call of ``decode``, every other row one by one.
+
+    ``decode(query, layer, meta, cache, scale)`` gets the decode rows' queries
+    (num_decodes, num_heads, head_dim) and returns their outputs; the SDPA and the C
+    backends differ only there.
+    """
     split = meta.decode_split
     if split.all_decode:  # the common step: no rows to pick out or put back
-        return _decode(query, layer, meta, cache, scale)
+        return decode(query, layer, meta, cache, scale)
     out = torch.empty_like(query)
     if split.decode_rows.numel():
-        out[split.decode_rows] = _decode(query[split.decode_rows], layer, meta, cache, scale)
+        out[split.decode_rows] = decode(query[split.decode_rows], layer, meta, cache, scale)
     for index, start, end in split.prefill:
         key, value = cache.read(layer, meta, index)  # (seq_len, num_kv_heads, head_dim)
         out[start:end] = attend_one(query[start:end], key, value, scale)

@@ -102,6 +102,7 @@ class DecodeSplit:
         block_ids: (num_decodes * max_blocks,) int64, the blocks that hold the first
             ``max_seq_len`` tokens of each one-query sequence, row after row; None without
             a block table.
+        seq_lens: (num_decodes,) int64, the tokens each one-query sequence holds.
     """
 
     decode_index: torch.Tensor
@@ -110,6 +111,7 @@ class DecodeSplit:
     max_seq_len: int
     prefill: list[tuple[int, int, int]]
     block_ids: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
 
     @property
     def all_decode(self) -> bool:
@@ -158,4 +160,4 @@ class StepMetadata:
         if self.block_table is not None:
             max_blocks = -(-max_seq_len // self.block_size)
             block_ids = self.block_table[index, :max_blocks].flatten().long()
-        return DecodeSplit(index, rows, mask, max_seq_len, prefill, block_ids)
+        return DecodeSplit(index, rows, mask, max_seq_len, prefill, block_ids, lens)

@@ -9,7 +9,10 @@ lengths (``kvlab.measure.workload``, scaled down to a small model) goes through
     hf-generate-batch  transformers' own continuous batching (its paged cache and
                        scheduler, the manager behind ``model.generate_batch``), with the
                        same KV blocks, seats and token budget as kvlab
-    kvlab-static, kvlab-dynamic, kvlab-continuous   ``kvlab.LLM`` with each policy
+    kvlab-static, kvlab-dynamic, kvlab-continuous   ``kvlab.LLM`` with each policy, and
+                       its fastest attention backend here (``kvlab.attention.fastest_backend``:
+                       the C kernel on a CPU where it builds) unless --attention-backend says
+    kvlab-continuous-sdpa   the same with the SDPA backend, when that is not already it
 
 with the same model, device, threads and greedy decoding (EOS ignored, so every request
 generates exactly its output length); the three Hugging Face runs are
@@ -34,6 +37,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvlab.attention import fastest_backend
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.measure.hf_baselines import (
     run_hf_generate_batch,
@@ -45,7 +49,11 @@ from kvlab.measure.workload import Result, Workload, make_workload
 # ---- kvlab's runs --------------------------------------------------------------------------
 
 
-def run_kvlab(model, workload: Workload, scheduling: str, num_blocks: int, args) -> Result:
+def run_kvlab(
+    model, workload: Workload, scheduling: str, num_blocks: int, args, backend: str | None = None
+) -> Result:
+    """kvlab with one scheduling policy; ``backend`` overrides --attention-backend (and is
+    then named in the result)."""
     from kvlab.engine.llm import LLM
 
     llm = LLM(
@@ -56,13 +64,13 @@ def run_kvlab(model, workload: Workload, scheduling: str, num_blocks: int, args)
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         batch_timeout=args.batch_timeout,
-        attention_backend=args.attention_backend,
+        attention_backend=backend or args.attention_backend or fastest_backend(model.device),
     )
     seconds, outputs = timed_generate(llm, workload)
     summary = llm.metrics.summary()
     note = f"peak KV {summary['kv_usage_peak']:.0%}, {summary['num_preemptions']} preemptions"
     return Result(
-        f"kvlab-{scheduling}",
+        f"kvlab-{scheduling}" + (f"-{backend}" if backend else ""),
         seconds,
         outputs,
         summary["kv_utilization_mean"],
@@ -157,6 +165,11 @@ def run_end_to_end(args) -> None:
         "kvlab-dynamic": lambda: run_kvlab(model, workload, "dynamic", num_blocks, args),
         "kvlab-continuous": lambda: run_kvlab(model, workload, "continuous", num_blocks, args),
     }
+    if (args.attention_backend or fastest_backend(model.device)) != "sdpa":
+        # The same run with the SDPA backend, side by side: what the attention kernel buys.
+        methods["kvlab-continuous-sdpa"] = lambda: run_kvlab(
+            model, workload, "continuous", num_blocks, args, backend="sdpa"
+        )
     results = []
     for name, run in methods.items():
         if name in args.skip:
@@ -203,7 +216,11 @@ def parse_args(argv=None):
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-blocks", type=int, default=None)
     parser.add_argument("--batch-timeout", type=float, default=0.05)
-    parser.add_argument("--attention-backend", default="sdpa")
+    parser.add_argument(
+        "--attention-backend",
+        default=None,
+        help="kvlab's; default: 'cpu' on a CPU where its C kernel builds, else 'sdpa'",
+    )
     parser.add_argument("--skip", nargs="*", default=[], help="method names to leave out")
     parser.add_argument("--repeat", type=int, default=1, help="runs per method; the fastest counts")
     return parser.parse_args(argv)

