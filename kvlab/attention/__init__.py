@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvlab.attention import cpu_kernel
 from kvlab.attention.cpu import cpu_attention
 from kvlab.attention.reference import reference_attention
 from kvlab.attention.sdpa import sdpa_attention
@@ -43,10 +44,9 @@ ATTENTION_BACKENDS: dict[str, AttentionFn] = {
 
 
 def fastest_backend(device: str | torch.device = "cpu") -> str:
-    """The fastest backend for a float32 model on ``device``: ``"cpu"`` on a CPU where the
-    C kernel builds, ``"sdpa"`` elsewhere. The benchmarks run kvlab with it."""
-    from kvlab.attention import cpu_kernel
-
+    """The backend the benchmarks run kvlab with on ``device``: ``"cpu"`` on a CPU where
+    the C kernel builds (within noise of SDPA, or faster, in the README's measurements),
+    ``"sdpa"`` elsewhere."""
     if torch.device(device).type == "cpu" and cpu_kernel.available():
         return "cpu"
     return "sdpa"

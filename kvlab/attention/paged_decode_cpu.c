@@ -102,7 +102,7 @@ int paged_decode_attention(float *out, const float *query, const float *key_cach
   const int64_t group = num_heads / num_kv_heads;
   if (group > MAX_GROUP || block_size > MAX_BLOCK || head_dim > MAX_HEAD_DIM) return 1;
   const int64_t slot_stride = num_kv_heads * head_dim;  /* one token's K (or V) row */
-  (void)num_threads;
+  (void)num_threads;  /* read only by the pragma: unused when built without OpenMP */
 #pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
   for (int64_t i = 0; i < num_seqs; i++) {
     for (int64_t h = 0; h < num_kv_heads; h++) {
