@@ -155,9 +155,10 @@ def test_every_attention_backend_is_token_identical(cache_kind):
     assert outputs.get("cpu", outputs["reference"]) == outputs["reference"]
 
 
-def test_triton_backend_needs_a_block_table(tiny):
-    runner = ModelRunner(tiny, attention="triton")
-    with pytest.raises(TypeError, match="reads K/V through a block table"):
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_block_table_backends_refuse_the_naive_cache(tiny, backend):
+    runner = ModelRunner(tiny, attention=backend)
+    with pytest.raises(TypeError, match=f"'{backend}' reads K/V through a block table"):
         greedy_generate(runner, naive_cache(runner), [[1, 2, 3]], 2)
 
 

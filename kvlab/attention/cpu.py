@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from kvlab.attention.cpu_kernel import paged_decode_attention_cpu
+from kvlab.attention.reference import require_block_table
 from kvlab.attention.sdpa import attend_split
 from kvlab.cache.base import KVCache
 from kvlab.cache.step import StepMetadata
@@ -25,11 +26,7 @@ def cpu_attention(
     query: torch.Tensor, layer: int, meta: StepMetadata, cache: KVCache, scale: float
 ) -> torch.Tensor:
     """Same arguments and result as ``kvlab.attention.reference_attention``."""
-    if meta.block_table is None:
-        raise TypeError(
-            f"attention_backend='cpu' reads K/V through a block table; "
-            f"{type(cache).__name__} has none. Use attention='reference' with it."
-        )
+    require_block_table("cpu", meta, cache)
     return attend_split(query, layer, meta, cache, scale, _decode)
 
 

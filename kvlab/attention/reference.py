@@ -67,3 +67,13 @@ def attend_one(query, key, value, scale):
         mask = key_pos[None, :] <= query_pos[:, None]  # (query_len, seq_len)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.transpose(0, 1)
+
+
+def require_block_table(backend: str, meta: StepMetadata, cache: KVCache) -> None:
+    """Refuse a cache without a block table (the naive cache) for a backend that reads
+    K/V through one, naming the backend that works with it."""
+    if meta.block_table is None:
+        raise TypeError(
+            f"attention_backend={backend!r} reads K/V through a block table; "
+            f"{type(cache).__name__} has none. Use attention='reference' with it."
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from kvlab.attention.reference import require_block_table
 from kvlab.cache.base import KVCache
 from kvlab.cache.step import StepMetadata
 
@@ -20,11 +21,7 @@ def triton_attention(
     query: torch.Tensor, layer: int, meta: StepMetadata, cache: KVCache, scale: float
 ) -> torch.Tensor:
     """Same arguments and result as ``kvlab.attention.reference_attention``."""
-    if meta.block_table is None:
-        raise TypeError(
-            f"attention_backend='triton' reads K/V through a block table; "
-            f"{type(cache).__name__} has none. Use attention='reference' with it."
-        )
+    require_block_table("triton", meta, cache)
     # Imported here: triton is optional (Linux only) and only this backend needs it.
     from kvlab.kernels import paged_decode_attention, paged_prefill_attention
 
