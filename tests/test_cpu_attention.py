@@ -4,6 +4,8 @@ The kernel is built by the machine's C compiler on first use; on a machine witho
 these tests skip, except the one that checks the message a user then gets.
 """
 
+import re
+
 import pytest
 import torch
 from kvlab.kernels import paged_decode_attention_ref
@@ -62,18 +64,23 @@ def test_threads_do_not_change_the_result(threads):
     [
         (dict(query=torch.zeros(2, 4, 16, dtype=torch.float16)), "query as torch.float32"),
         (dict(block_ids=torch.zeros(2, 3, dtype=torch.int32)), "block_ids as torch.int64"),
-        (dict(seq_lens=torch.tensor([5, 13])), r"between 1 and .*\(3 \* 4\), got \[5, 13\]"),
-        (dict(seq_lens=torch.tensor([0, 3])), r"between 1 and"),
+        (dict(seq_lens=torch.tensor([5, 13])), r"seq_lens\[1\] = 13: .* = 3 \* 4 tokens"),
+        (dict(seq_lens=torch.tensor([0, 3])), r"seq_lens\[0\] = 0"),
         (dict(seq_lens=torch.tensor([5])), "one row per query"),
-        (dict(kv=torch.zeros(2, 8, 4, 16, 4).transpose(-1, -2)), "must be contiguous"),
-        (dict(query=torch.zeros(2, 34, 16), kv=torch.zeros(2, 8, 4, 2, 16)), "17"),
+        (dict(block_ids=torch.tensor([[0, 8, 0], [1, 2, 3]])), r"block_ids\[0\] reads .*0\.\.7"),
+        (dict(block_ids=torch.tensor([[0, 1, 2], [-1, 2, 3]])), r"block_ids\[1\] reads"),
+        (dict(kv=torch.zeros(2, 8, 4, 16, 2).transpose(-1, -2)), "kv must be contiguous"),
+        (dict(kv=torch.zeros(2, 8, 8, 2, 16)), "kv must be one layer's cache"),
+        (dict(kv=torch.zeros(8, 4, 2, 16)), "kv must be one layer's cache"),
+        (dict(query=torch.zeros(2, 34, 16)), r"num_heads // num_kv_heads up to 16, got 17"),
+        (dict(query=torch.zeros(2, 4, 8)), "head_dim equal"),
     ],
 )
 def test_bad_input_is_refused_with_what_was_wrong(change, message):
     args = dict(
         query=torch.zeros(2, 4, 16),
-        kv=torch.zeros(2, 8, 4, 2, 16),
-        block_ids=torch.zeros(2, 3, dtype=torch.int64),
+        kv=torch.zeros(2, 8, 4, 2, 16),  # 8 blocks of 4 slots, 2 kv heads, head_dim 16
+        block_ids=torch.tensor([[0, 1, 2], [3, 4, 5]]),
         seq_lens=torch.tensor([5, 12]),
     )
     args.update(change)
@@ -81,10 +88,37 @@ def test_bad_input_is_refused_with_what_was_wrong(change, message):
         paged_decode_attention_cpu(**args, block_size=4, scale=1.0)
 
 
+@needs_kernel
+def test_unused_block_table_entries_are_never_read():
+    """Past a sequence's last block the table may hold anything (here -1 and 99)."""
+    kv = torch.randn(2, 8, 4, 2, 16)
+    query = torch.randn(2, 4, 16)
+    block_ids = torch.tensor([[3, -1, 99], [5, 6, 99]])
+    out = paged_decode_attention_cpu(query, kv, block_ids, torch.tensor([4, 6]), 4, 0.25)
+    table = block_ids.clamp(0, 7).int()
+    expected = paged_decode_attention_ref(query, kv, table, torch.tensor([4, 6]).int(), 0.25)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_loading_the_kernel_leaves_torchs_floats_alone():
+    """-ffast-math at link time would make the process flush subnormal floats to zero."""
+    cpu_kernel._library()
+    assert (torch.tensor([1e-39]) * 1.0).item() != 0.0
+
+
+def test_the_buffer_limits_agree_with_the_c_source():
+    source = cpu_kernel.SOURCE.read_text()
+    for name in ("MAX_GROUP", "MAX_BLOCK", "MAX_HEAD_DIM"):
+        defined = re.search(rf"^#define {name} (\d+)\b", source, re.MULTILINE)
+        assert defined and int(defined.group(1)) == getattr(cpu_kernel, name)
+
+
 def test_no_compiler_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("KVLAB_CACHE", str(tmp_path))
-    with pytest.raises(KernelUnavailable, match="no C compiler.*attention='sdpa'"):
+    with pytest.raises(KernelUnavailable, match="no C compiler.*attention_backend='sdpa'"):
         cpu_kernel._build()
 
 

@@ -1,9 +1,9 @@
 /* Paged decode attention for CPUs: kvlab's C twin of the Triton decode kernel.
  *
  * One new token per sequence attends to its whole context. The keys and values are read
- * in place, block by block, through the block table: nothing is gathered or padded first
- * (the "sdpa" backend copies every sequence's K/V into one padded tensor per layer, and
- * that copy and the masked padding cost as much as the attention itself).
+ * in place, block by block, through the block table, and only as many tokens as each
+ * sequence holds. (The "sdpa" backend first copies every sequence's blocks into one
+ * tensor padded to the longest sequence, then masks the padding.)
  *
  *   for each (sequence, kv head), in parallel:
  *       for each block of the sequence (block_ids, in order):
@@ -21,12 +21,14 @@
  *   block_ids      (num_seqs, blocks_per_seq) int64: sequence i's blocks in order
  *   seq_lens       (num_seqs,) int64: tokens held, at most blocks_per_seq * block_size
  *
- * Built with -ffast-math (kvlab.attention.cpu_kernel): it lets the compiler call glibc's
- * vector expf and reorder the sums, as a SIMD reduction does anyway (2-3x faster here).
- * So nothing below relies on infinities or NaNs.
+ * Compiled with -ffast-math (kvlab.attention.cpu_kernel): it lets the compiler call
+ * glibc's vector expf and reorder the sums, as a SIMD reduction does anyway. So nothing
+ * below relies on infinities or NaNs. (Linked without it: a shared library linked with
+ * -ffast-math would switch the whole process to flushing tiny floats to zero.)
  *
  * Not handled: more than one query per sequence (prefill: kvlab.attention.cpu sends those
- * rows elsewhere), other dtypes, sliding windows. The caller checks shapes and bounds.
+ * rows elsewhere), other dtypes, sliding windows. The caller checks shapes and dtypes;
+ * seq_lens and the block ids a sequence reads are checked here, before anything is read.
  */
 #include <float.h>
 #include <math.h>
@@ -93,17 +95,40 @@ static void attend_group(float *out, const float *query, const float *key_cache,
     for (int64_t d = 0; d < head_dim; d++) out[g * head_dim + d] = acc[g][d] / weight_sum[g];
 }
 
-/* Returns 0, or 1 when a size is beyond the fixed buffers above (nothing is written). */
+/* The checks that need the values, not only the shapes: every sequence holds 1 to
+ * blocks_per_seq * block_size tokens, and every block it reads is in the pool.
+ * Returns 0, or a code, with the first offending sequence in *bad_seq. */
+static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64_t num_seqs,
+                        int64_t block_size, int64_t blocks_per_seq, int64_t num_blocks,
+                        int64_t *bad_seq) {
+  for (int64_t i = 0; i < num_seqs; i++) {
+    *bad_seq = i;
+    if (seq_lens[i] < 1 || seq_lens[i] > blocks_per_seq * block_size) return 2;
+    for (int64_t b = 0; b * block_size < seq_lens[i]; b++) {
+      const int64_t id = block_ids[i * blocks_per_seq + b];
+      if (id < 0 || id >= num_blocks) return 3;
+    }
+  }
+  return 0;
+}
+
+/* Returns 0; or, with nothing written: 1 when a size is beyond the fixed buffers above,
+ * 2 when a seq_len is out of range, 3 when a block id read is outside the pool. */
 int paged_decode_attention(float *out, const float *query, const float *key_cache,
                            const float *value_cache, const int64_t *block_ids,
                            const int64_t *seq_lens, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                           int64_t blocks_per_seq, float scale, int num_threads) {
+                           int64_t blocks_per_seq, int64_t num_blocks, float scale,
+                           int num_threads, int64_t *bad_seq) {
   const int64_t group = num_heads / num_kv_heads;
   if (group > MAX_GROUP || block_size > MAX_BLOCK || head_dim > MAX_HEAD_DIM) return 1;
+  const int failed = check_tables(block_ids, seq_lens, num_seqs, block_size, blocks_per_seq,
+                                  num_blocks, bad_seq);
+  if (failed) return failed;
   const int64_t slot_stride = num_kv_heads * head_dim;  /* one token's K (or V) row */
   (void)num_threads;  /* read only by the pragma: unused when built without OpenMP */
-#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
+  /* dynamic: sequences of different lengths are items of different sizes */
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(num_threads)
   for (int64_t i = 0; i < num_seqs; i++) {
     for (int64_t h = 0; h < num_kv_heads; h++) {
       const int64_t row = (i * num_heads + h * group) * head_dim;  /* the group's first head */

@@ -69,8 +69,9 @@ class LLM:
         prefetch: swap only: copy a swapped request back a step before it resumes, while
             the step before computes (False: the resuming step waits for the copy).
         attention_backend: ``"sdpa"`` (PyTorch SDPA; the decode rows of a step batched into
-            one call), ``"reference"`` (one sequence at a time) or ``"triton"`` (kvlab's
-            kernels); see ``kvlab.attention``.
+            one call), ``"reference"`` (one sequence at a time), ``"triton"`` (kvlab's
+            kernels) or ``"cpu"`` (kvlab's C kernel, built on first use); see
+            ``kvlab.attention``.
         watermark: admission watermark in [0, 1): the share of the KV pool that
             must stay reusable after a new request takes its blocks (see
             ``kvlab.engine.scheduler.SchedulerConfig``).

@@ -13,8 +13,8 @@ on everything else. This module measures it on a real run:
 ``python -m kvlab.measure.vllm_peer --matmul-floor`` prints it beside vLLM: an engine that
 did nothing but these multiplies would make ``num_tokens / matmul_seconds`` tokens/s.
 
-Not handled: GPUs (the profiler's CPU times do not see CUDA kernels); the profiler's own
-overhead slows the other ops of the profiled run, not the multiplies it times.
+Not handled: GPUs (the profiler's CPU times do not see CUDA kernels). The profiler adds a
+little time to every op it records; what is summed is the time inside the multiplies.
 """
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ class ModelRunner:
         hf_model: a loaded ``*ForCausalLM`` (see ``kvlab.load_model``); its weights are
             shared, not copied.
         attention: the attention backend: ``"reference"`` (one sequence at a time, any
-            cache), ``"sdpa"`` (decode rows batched), ``"triton"`` (kvlab's kernels), or a
-            function with the signature of ``kvlab.attention.reference_attention``.
+            cache), ``"sdpa"`` (decode rows batched), ``"triton"`` (kvlab's kernels),
+            ``"cpu"`` (kvlab's C decode kernel), or a function with the signature of
+            ``kvlab.attention.reference_attention``.
         onednn: lay float32 CPU weights out for oneDNN (see ``kvlab.model.linear``); None
             does so where it applies, False keeps them row-major.
     """
