@@ -230,3 +230,29 @@ def test_a_quiet_panel_draws_the_pool_once_per_replay(monkeypatch):
     assert len(live_draws) == 1 and len(quiet._snapshots) > 1  # recorded, drawn at the end
     BatchingPanel(compare=False)
     assert len(live_draws) == 1 + len(quiet._snapshots) + 1  # live: every step, then the end
+
+
+def test_the_time_axis_spans_the_plot_area_of_the_png(panel):
+    from kvlab.widgets.batching_figures import PANEL_MARGIN, time_axis_px
+    from kvlab.widgets.static_figures import SIZE
+
+    first, last = panel.figure.layout.xaxis.range
+    assert first == 0 and last >= max(s.time for s in panel.pool.snapshots)
+    assert time_axis_px(panel.figure, first) == PANEL_MARGIN[0]
+    assert time_axis_px(panel.figure, last) == SIZE[0] - PANEL_MARGIN[1]
+
+
+def test_the_static_copy_plays_the_replay_under_its_timeline(panel):
+    from test_animation import frames
+
+    from kvlab.widgets.static_figures import figure_png
+
+    if figure_png(panel.figure) is None:
+        pytest.skip("no browser for kaleido: the panel's static copy is the pool's SVG")
+    indices, _ = panel.pool.animation_steps()
+    animation = panel.to_animation()
+    shown = frames(animation.png)
+    assert len(shown) == len(indices) > 1
+    assert list(shown[0].getdata()) != list(shown[len(shown) // 2].getdata())
+    bundle, _ = panel._repr_mimebundle_()
+    assert "image/png" in bundle and "image/svg+xml" not in bundle

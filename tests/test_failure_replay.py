@@ -4,6 +4,9 @@ call."""
 
 from __future__ import annotations
 
+import base64
+import io
+
 import pytest
 from test_build_block_manager import FreeIgnoresRefCnt, Right, SlotIsPosition, Stub
 
@@ -11,6 +14,13 @@ from kvlab.exercises.build_arena import CRITERIA
 from kvlab.widgets.failure_replay import FailureReplay, replay_failure
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def frames_of(bundle: dict) -> int:
+    """The number of frames of the animated PNG in a notebook output."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(base64.b64decode(bundle["image/png"]))).n_frames
 
 
 def test_nothing_to_replay_before_the_methods_exist_or_once_every_property_holds():
@@ -31,12 +41,12 @@ def test_a_freed_shared_block_is_replayed_up_to_the_free_that_breaks_ref_cnt():
     last = {info.block_id: info for info in view.snapshots[-1].infos}
     assert last[11].seq_ids == (2,)  # the child still holds the block the free gave back
     bundle, _ = replay._repr_mimebundle_()
-    assert "<svg" in bundle["image/svg+xml"] and bundle["text/plain"] == text
+    assert frames_of(bundle) == 4 and bundle["text/plain"] == text  # every call, animated
 
 
 def test_a_wrong_slot_mapping_breaks_at_its_first_call():
     replay = replay_failure(SlotIsPosition)
-    assert len(replay.view.snapshots) == 2
+    assert len(replay.view.snapshots) == 2 == frames_of(replay._repr_mimebundle_()[0])
     assert "slot = block_table[pos // block_size] * block_size" in repr(replay)
 
 
@@ -50,7 +60,7 @@ def test_lab_02_an_arena_that_overlaps_ranges_is_replayed_slot_by_slot():
     view = replay.view
     assert view.slider.value == len(view.snapshots) - 1 >= 1
     assert len(view.snapshots[-1].infos) == 64 and view.snapshots[-1].block_size is None
-    assert "<svg" in replay._repr_mimebundle_()[0]["image/svg+xml"]
+    assert frames_of(replay._repr_mimebundle_()[0]) == len(view.snapshots)
 
 
 def test_lab_06_a_pool_that_never_chains_its_hashes_is_replayed_on_the_pool():

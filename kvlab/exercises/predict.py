@@ -10,9 +10,9 @@ runs the experiment, then reveals:
 
 which prints the guess beside the measurement, how far apart they are, and what explains
 the number. A number is compared by ratio (within 10% counts as right); a choice (a string)
-by its text, ignoring case and spaces at the ends. With no prediction written it says so,
-and still shows the measurement and the explanation: a learner reading the committed lab
-sees the answer, one running it can guess first.
+by its text, ignoring case and spaces at the ends. With no prediction written it says so in
+a few words, and still shows the measurement and the explanation: a learner reading the
+committed lab sees the answer, one running it can guess first.
 
 Not handled: ranges as predictions, keeping score across a lab.
 """
@@ -52,10 +52,7 @@ class Reveal:
     def __repr__(self) -> str:
         measured = _show(self.measured, self.unit)
         if self.prediction is None:
-            lines = [
-                f"No prediction written (set `prediction` in the cell above, then run again). "
-                f"Measured: {measured}."
-            ]
+            lines = [f"Measured: {measured} (no guess written)."]
         elif isinstance(self.measured, str):
             verdict = "Right" if self.right else "Not this time"
             lines = [f"{verdict}: you predicted {self.prediction!r}, the run gave {measured}."]

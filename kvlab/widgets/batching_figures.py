@@ -4,6 +4,7 @@
     load_figure        running and waiting requests, and KV usage, over time
     comparison_figure  TTFT p99, E2E p50/p99, tokens/s and mean batch size per policy
     panel_figure       the batching panel's view of one replay (timeline and load)
+    time_axis_px       where a moment of a panel figure's time axis falls in its PNG
 
 Every figure is a plotly ``go.Figure`` built from ``kvlab.measure.replay.ReplayResult``s.
 Not handled: live updates (the panel redraws a new figure for each replay).
@@ -17,6 +18,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from kvlab.measure.replay import STATES, ReplayResult
+from kvlab.widgets.static_figures import SIZE
 
 STATE_COLORS = {
     "waiting": "#c9c9c9",
@@ -25,6 +27,7 @@ STATE_COLORS = {
     "swapped": "#a77fc2",
 }
 POLICY_COLORS = {"static": "#5b6b8c", "dynamic": "#f0a73a", "continuous": "#2e9e5b"}
+PANEL_MARGIN = (60, 20)  # panel_figure's left and right margins, px
 
 
 def _request_labels(result: ReplayResult) -> list[str]:
@@ -214,14 +217,30 @@ def panel_figure(result: ReplayResult, title: str) -> go.Figure:
         row=3,
         col=1,
     )
+    ends = [o.metrics.arrival_time + o.metrics.e2e for o in result.outputs]
+    height = 330 + 22 * len(result.outputs)
     fig.update_layout(
         barmode="overlay",
-        title=title,
-        height=300 + 22 * len(result.outputs),
-        margin=dict(t=100, b=40, l=60, r=20),
+        title=dict(text=title, y=1 - 28 / height, yanchor="top", yref="container"),
+        height=height,
+        margin=dict(t=130, b=40, l=PANEL_MARGIN[0], r=PANEL_MARGIN[1]),
+        # Above the plots, under the title: a legend at the side would narrow the plots
+        # by its own width, which time_axis_px could not know.
+        legend=dict(orientation="h", y=1 - 70 / height, yanchor="top", yref="container", x=0),
     )
+    # A fixed time range (not plotly's autorange), so that time_axis_px knows where a
+    # moment is drawn.
+    fig.update_xaxes(range=[0, 1.02 * max(ends + times + [0.001])])
     fig.update_xaxes(title_text="time (s, simulated)", row=3, col=1)
     return fig
+
+
+def time_axis_px(fig: go.Figure, time: float, width: int = SIZE[0]) -> float:
+    """How far from the left of ``panel_figure``'s PNG (``width`` px wide) ``time`` is
+    drawn on its time axis."""
+    first, last = fig.layout.xaxis.range
+    left, right = PANEL_MARGIN
+    return left + (width - left - right) * (time - first) / (last - first)
 
 
 def show_figure(output: widgets.Output, fig: go.Figure) -> None:

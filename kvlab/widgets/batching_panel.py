@@ -20,7 +20,9 @@ budget's slider trades those stalls against the long prompts' TTFT
     load          running and waiting requests and KV usage over time (selected policy)
     comparison    TTFT p99, E2E p50/p99, tokens/s and mean batch size of all three policies
 
-Where no kernel runs it (GitHub, nbviewer), its output shows a PNG of the timeline.
+Where no kernel runs it (GitHub, nbviewer), its output shows the replay animated: the
+timeline, a marker that moves along its time axis, and the KV pool at that moment
+(``to_animation``).
 
 Its parts: ``kvlab.widgets.batching_knobs`` (the knobs' values, ranges and sliders),
 ``kvlab.widgets.batching_replays`` (the model, the trace and the ``LLM`` each replay
@@ -42,7 +44,6 @@ measures that separately.
 
 from __future__ import annotations
 
-import base64
 import html
 from dataclasses import replace
 
@@ -51,7 +52,13 @@ import plotly.graph_objects as go
 
 from kvlab.engine.scheduler_config import SCHEDULING_MODES
 from kvlab.measure.replay import ReplayResult, TraceRequests, replay
-from kvlab.widgets.batching_figures import comparison_figure, panel_figure, show_figure
+from kvlab.widgets.animation import Animation, svg_to_png
+from kvlab.widgets.batching_figures import (
+    comparison_figure,
+    panel_figure,
+    show_figure,
+    time_axis_px,
+)
 from kvlab.widgets.batching_knobs import PanelSettings, sliders
 from kvlab.widgets.batching_replays import BatchingReplays
 from kvlab.widgets.static_figures import figure_png
@@ -277,17 +284,29 @@ class BatchingPanel(widgets.VBox):
         if not self._quiet:
             self.run()
 
-    def _repr_mimebundle_(self, **kwargs):
-        # For GitHub, nbviewer and HTML exports: a PNG of the timeline where a browser can
-        # draw one, else the pool's SVG at the step shown.
-        data, metadata = with_static_copy(
-            super()._repr_mimebundle_(**kwargs), repr(self), self.pool.to_svg()
+    def to_animation(self) -> Animation | None:
+        """The last replay as an animated PNG: the timeline, a marker under it that moves
+        with the clock, and the KV pool at that moment; None where no browser can draw
+        the timeline (``kvlab.widgets.static_figures``)."""
+        timeline = figure_png(self.figure) if self.figure is not None else None
+        if timeline is None or not self.pool.snapshots:
+            return None
+        indices, hold = self.pool.animation_steps()
+        times = [self.pool.snapshots[i].time for i in indices]
+        return Animation.under_a_still(
+            timeline,
+            [time_axis_px(self.figure, t) for t in times],
+            [svg_to_png(svg) for svg in self.pool.frame_svgs(indices)],
+            hold=hold,
+            text=repr(self),
         )
-        png = figure_png(self.figure) if self.figure is not None else None
-        if png is not None:
-            del data["image/svg+xml"]
-            data["image/png"] = base64.b64encode(png).decode("ascii")
-        return data, metadata
+
+    def _repr_mimebundle_(self, **kwargs):
+        # For GitHub, nbviewer and HTML exports: the replay animated where a browser can
+        # draw the timeline, else the pool's SVG at the step shown.
+        animation = self.to_animation()
+        picture = self.pool.to_svg() if animation is None else animation.static_copy()
+        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), picture)
 
     def __repr__(self) -> str:
         if self.error:

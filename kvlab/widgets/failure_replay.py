@@ -91,7 +91,8 @@ def replay_failure(learner_class, num_sequences: int = 300, seed: int = 0) -> Fa
 
 class FailureReplay(widgets.VBox):
     """The verdict and the calls, in words, above a ``StepView`` of the learner's pool; its
-    static copy (GitHub, nbviewer) is the same words and the map at the broken step.
+    static copy (GitHub, nbviewer) is the same words and the calls animated, one by one, up
+    to the broken one.
     Without a view (nothing to replay) it is just its words."""
 
     def __init__(self, lines: list[str], view: StepView | None = None) -> None:
@@ -105,7 +106,8 @@ class FailureReplay(widgets.VBox):
     def _repr_mimebundle_(self, **kwargs):
         if self.view is None:
             return {"text/plain": repr(self)}, {}
-        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), self.view.to_svg())
+        picture = self.view.static_copy()
+        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), picture)
 
 
 def _exercise_of(learner_class) -> _Exercise:

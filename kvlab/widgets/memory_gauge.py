@@ -241,10 +241,11 @@ class MemoryGauge(anywidget.AnyWidget):
         """The title and the numbers: deterministic text on CPU for notebooks and tests."""
         return f"{self.title}: {self.summary}" if self.title else self.summary
 
-    def to_svg(self) -> str:
-        """A static picture of the gauge as it is now (``kvlab.widgets.svg``)."""
+    def to_svg(self, kv_only: bool = False) -> str:
+        """A static picture of the gauge as it is now (``kvlab.widgets.svg``); ``kv_only``
+        draws the KV pool's bar alone."""
         names = ("title", "device", "segments", "total_label", "kv_label", "kv_share", "summary")
-        return gauge_svg({name: getattr(self, name) for name in names})
+        return gauge_svg({name: getattr(self, name) for name in names}, kv_only=kv_only)
 
     def _repr_mimebundle_(self, **kwargs):
         # The live view for JupyterLab, an SVG for GitHub, nbviewer and HTML exports.

@@ -25,11 +25,12 @@ import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 RENDERER = "kvlab"
+SIZE = (800, 500)  # a figure's PNG, in px, where its layout sets no size
 _state: dict = {"server": False, "missing": None}
 
 
 def figure_png(fig, width: int | None = None, height: int | None = None) -> bytes | None:
-    """A PNG of a plotly figure (or its dict) at its layout's size (800 x 500 if unset).
+    """A PNG of a plotly figure (or its dict) at its layout's size (``SIZE`` if unset).
 
     Returns None, and remembers why, when kaleido or a browser is missing: a learner's
     laptop without Chrome still runs every lab, with interactive figures only.
@@ -40,8 +41,8 @@ def figure_png(fig, width: int | None = None, height: int | None = None) -> byte
     layout = fig_dict.get("layout", {})
     opts = {
         "format": "png",
-        "width": width or layout.get("width") or 800,
-        "height": height or layout.get("height") or 500,
+        "width": width or layout.get("width") or SIZE[0],
+        "height": height or layout.get("height") or SIZE[1],
         "scale": 1,
     }
     try:

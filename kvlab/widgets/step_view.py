@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 
 from kvlab.cache.base import CacheUsage
+from kvlab.widgets.animation import SECONDS, Animation, pick_frames
 from kvlab.widgets.memory_gauge import MemoryGauge
 from kvlab.widgets.page_map import PageMap
 from kvlab.widgets.svg import stack_svgs, with_static_copy
@@ -38,6 +39,8 @@ class PoolSnapshot:
         block_size: tokens per block (None for a contiguous arena).
         step: the step it was taken after.
         time: the clock's time then, if there is a clock.
+        label: what happened, for a recording of single operations rather than engine
+            steps ("fork(0, 1)"); shown in place of "after step N".
     """
 
     infos: tuple
@@ -45,12 +48,15 @@ class PoolSnapshot:
     block_size: int | None
     step: int
     time: float | None = None
+    label: str | None = None
 
     @classmethod
-    def of(cls, cache, step: int, time: float | None = None) -> PoolSnapshot:
+    def of(
+        cls, cache, step: int, time: float | None = None, label: str | None = None
+    ) -> PoolSnapshot:
         """A snapshot of ``cache`` (anything with ``block_infos()`` and ``usage()``) now."""
         block_size = getattr(cache, "block_size", None)
-        return cls(tuple(cache.block_infos()), cache.usage(), block_size, step, time)
+        return cls(tuple(cache.block_infos()), cache.usage(), block_size, step, time, label)
 
     def block_infos(self) -> list:
         return list(self.infos)
@@ -138,12 +144,17 @@ class StepView(widgets.VBox):
     def show(self, index: int) -> None:
         """Draw snapshot ``index`` (the slider calls this)."""
         snapshot = self.snapshots[index]
+        self.show_live(snapshot, self._title(index))
+        if self.slider.value != index:
+            self.slider.value = index
+
+    def _title(self, index: int) -> str:
+        snapshot = self.snapshots[index]
+        what = snapshot.label or f"after step {snapshot.step}"
         when = f", t = {snapshot.time:.3f} s" if snapshot.time is not None else ""
         rest = " (fullest)" if index == fullest_step(self.snapshots) else ""
         prefix = f"{self.base_title}: " if self.base_title else ""
-        self.show_live(snapshot, f"{prefix}after step {snapshot.step}{when}{rest}")
-        if self.slider.value != index:
-            self.slider.value = index
+        return f"{prefix}{what}{when}{rest}"
 
     def _on_slider(self, change) -> None:
         if not self._moving and self.snapshots:
@@ -153,13 +164,47 @@ class StepView(widgets.VBox):
         """The step shown, the map's and the gauge's numbers."""
         return f"{self.page_map.to_text()}\n{self.gauge.summary}"
 
-    def to_svg(self) -> str:
-        """The map and the gauge at the step shown, as one static picture."""
-        return stack_svgs([self.page_map.to_svg(), self.gauge.to_svg()])
+    def to_svg(self, kv_only: bool = False) -> str:
+        """The map and the gauge at the step shown, as one static picture; ``kv_only``
+        leaves out the gauge's bar of all memory."""
+        return stack_svgs([self.page_map.to_svg(), self.gauge.to_svg(kv_only=kv_only)])
+
+    def frame_svgs(self, indices: list[int]) -> list[str]:
+        """The pictures of recorded steps ``indices``, each as the slider would show it
+        (the gauge's KV bar only), for an animation."""
+        svgs = []
+        shown = self.slider.value
+        # Each frame is drawn by this view's own map and gauge; the view then goes back to
+        # the step it rested on.
+        for index in indices:
+            self.show_live(self.snapshots[index], self._title(index))
+            svgs.append(self.to_svg(kv_only=True))
+        self.show(shown)
+        return svgs
+
+    def animation_steps(self) -> tuple[list[int], dict[int, float]]:
+        """The recorded steps an animation shows (at most ``MAX_FRAMES``, evenly spread,
+        with the step the view rests on), and the frames it dwells on: that step, the last."""
+        if not self.snapshots:
+            raise ValueError("this StepView has no recording to animate: load() one first")
+        indices = pick_frames(len(self.snapshots), keep=[self.slider.value])
+        return indices, {len(indices) - 1: 1.5, indices.index(self.slider.value): 2.5}
+
+    def to_animation(self, seconds: float = SECONDS) -> Animation:
+        """The whole recording as an animated PNG (see ``animation_steps``)."""
+        indices, hold = self.animation_steps()
+        return Animation.of_svgs(self.frame_svgs(indices), seconds, hold, text=repr(self))
+
+    def static_copy(self) -> dict:
+        """The picture GitHub, nbviewer and HTML exports show: the recording animated when
+        it has more than one step, else the step shown as an SVG."""
+        if len(self.snapshots) > 1:
+            return self.to_animation().static_copy()
+        return {"image/svg+xml": self.to_svg()}
 
     def _repr_mimebundle_(self, **kwargs):
-        # The live view for JupyterLab, an SVG for GitHub, nbviewer and HTML exports.
-        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), self.to_svg())
+        # The live view for JupyterLab, a picture for GitHub, nbviewer and HTML exports.
+        return with_static_copy(super()._repr_mimebundle_(**kwargs), repr(self), self.static_copy())
 
     def __repr__(self) -> str:
         return f"StepView({self.to_text()})"

@@ -212,7 +212,7 @@ def _bar(segments: list[dict], x: float, y: float, width: float, height: int) ->
     return parts
 
 
-def gauge_svg(state: dict, width: int = WIDTH) -> str:
+def gauge_svg(state: dict, width: int = WIDTH, kv_only: bool = False) -> str:
     """An SVG of the memory gauge: the KV pool on its own scale, then all memory.
 
     Args:
@@ -220,6 +220,8 @@ def gauge_svg(state: dict, width: int = WIDTH) -> str:
             ``name``, ``num_bytes``, ``label``, ``color``, ``share``, ``kv``), ``kv_label``,
             ``kv_share`` (the pool's share of all memory), ``total_label``, ``device``,
             ``summary``.
+        kv_only: stop after the KV pool's bar and legend (a frame of an animation, where
+            the weights do not change from step to step).
     """
     kv = [s for s in state["segments"] if s["kv"]]
     body = [
@@ -237,6 +239,8 @@ def gauge_svg(state: dict, width: int = WIDTH) -> str:
         width,
     )
     body += legend
+    if kv_only:
+        return svg_document(width, round(y - 4), body, state["title"] or "memory gauge")
     body.append(svg_text(0, y, f"all memory, {state['total_label']} ({state['device']}):"))
     body += _bar(state["segments"], 0, y + 6, width, 10)
     others = [s for s in state["segments"] if not s["kv"]]
@@ -263,8 +267,10 @@ def stack_svgs(svgs: list[str]) -> str:
     return svg_document(width, max(0, height - 8), parts, "KV pool")
 
 
-def with_static_copy(bundle, text: str, svg: str):
+def with_static_copy(bundle, text: str, picture: str | dict):
     """A widget's mime bundle (a dict, or anywidget's ``(data, metadata)``) with ``text`` as
-    its plain text and ``svg`` beside the live view, for front ends that cannot run it."""
+    its plain text and a picture beside the live view, for front ends that cannot run it:
+    an SVG document, or ``{mime type: data}`` (an animated PNG)."""
     data, metadata = bundle if isinstance(bundle, tuple) else (bundle, {})
-    return {**data, "text/plain": text, "image/svg+xml": svg}, metadata
+    static = {"image/svg+xml": picture} if isinstance(picture, str) else picture
+    return {**data, "text/plain": text, **static}, metadata
