@@ -239,8 +239,8 @@ CASES = {
     # Long prompts in a small pool: some fit only while nothing runs (no watermark then).
     "paged, watermark, long prompts": ("sharegpt", "paged", "", 256, 8, 8, 0.25),
     "contiguous/max_model_len": ("alpaca", "contiguous", "max_model_len", 1024, 1, 16, 0.0),
-    "contiguous/oracle-pow2": ("alpaca", "contiguous", "pow2", 1024, 1, 16, 0.0),
-    "contiguous/oracle": ("alpaca", "contiguous", "exact", 1024, 1, 16, 0.0),
+    "contiguous/clairvoyant-pow2": ("alpaca", "contiguous", "pow2", 1024, 1, 16, 0.0),
+    "contiguous/clairvoyant": ("alpaca", "contiguous", "exact", 1024, 1, 16, 0.0),
 }
 
 

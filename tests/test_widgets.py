@@ -113,6 +113,23 @@ def test_block_size_argument_wins_over_the_cache_and_may_be_unknown():
     assert "slots filled" not in pm.summary
 
 
+def test_a_contiguous_arena_is_drawn_in_lab_02s_words():
+    """Cells where two ranges meet are not shared blocks: no block, ref_cnt or cache words."""
+    arena = [
+        held_block(0, (1,), 0, num_filled=16),
+        held_block(1, (1, 2), 1, num_filled=9),  # seq 1's range ends, seq 2's begins
+        held_block(2, (2,), 1, num_filled=0),
+        free_block(3),
+    ]
+    pm = PageMap(arena)  # no block_size: an arena's cells
+    assert pm.summary == "4 cells: 3 reserved (1 where two ranges meet), 1 free; 2 seqs"
+    assert [key for key, _ in pm.legend] == ["free", "reserved", "meet", "seq 1", "seq 2"]
+    svg = pm.to_svg()
+    for word in ("block", "ref_cnt", "cached", "shared"):
+        assert word not in pm.summary and word not in svg
+    assert 'stroke-dasharray="3 2"' in svg and ">2</text>" not in svg
+
+
 def test_seq_colors_are_stable_across_updates_and_distinct():
     cache = FakeCache(small_pool())
     pm = PageMap(cache)

@@ -15,8 +15,8 @@ its final length before its first token. The final length is unknown, hence a po
 the length it will reach: a request that stops early leaves the rest of its reservation
 unused. So ``"pow2"`` and ``"exact"`` are not the paper's Orca (Pow2) and Orca (Oracle),
 which size each reservation from the request's *true* output length. The simulator does
-that with a trace's lengths and labels those runs ``contiguous/oracle-pow2`` and
-``contiguous/oracle`` (``kvlab.sim.memory.LABELS``).
+that with a trace's lengths and labels those runs ``contiguous/clairvoyant-pow2`` and
+``contiguous/clairvoyant`` (``kvlab.sim.memory.LABELS``).
 
 Ranges are placed first-fit in one arena of ``num_slots``; freeing a range leaves a hole.
 

@@ -151,7 +151,7 @@ def max_concurrency(
         make_cache: builds an empty cache (the same budget every time).
         prompt_lens, output_lens: the workload's request lengths.
         max_tokens: output lengths the requests declare (a contiguous cache reserves from
-            them; default: ``output_lens``, i.e. an oracle that knows them).
+            them; default: ``output_lens``, i.e. a clairvoyant allocator that knows them).
         limit: stop searching here.
     """
     if len(prompt_lens) != len(output_lens) or not prompt_lens:

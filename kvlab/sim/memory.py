@@ -70,10 +70,11 @@ class PagedMemory(SimMemory):
 
 
 # The simulator knows each request's true output length and sizes its reservation from it,
-# as the paper's Orca baselines do. So its "pow2" and "exact" are oracles, and their labels
-# say so, apart from the engine's policies of the same names (lab 02), which size from the
-# max_tokens a request declares.
-LABELS = {"max_model_len": "max_model_len", "pow2": "oracle-pow2", "exact": "oracle"}
+# as the paper's Orca (Pow2) and Orca (Oracle) baselines do. So its "pow2" and "exact" are
+# clairvoyant, and their labels say so, apart from the engine's policies of the same names
+# (lab 02), which size from the max_tokens a request declares. ("Oracle" in kvlab means a
+# trusted reference result, never an allocator.)
+LABELS = {"max_model_len": "max_model_len", "pow2": "clairvoyant-pow2", "exact": "clairvoyant"}
 
 
 class ContiguousMemory(SimMemory):

@@ -38,7 +38,7 @@ class SimResult:
     memory that is free only because no request is left to use it.
 
     Attributes:
-        label: allocator and policy, e.g. ``"contiguous/oracle-pow2"`` or ``"paged/16"``.
+        label: allocator and policy, e.g. ``"contiguous/clairvoyant-pow2"`` or ``"paged/16"``.
         capacity_slots: token slots the KV budget holds.
         num_steps, sim_seconds: steps run with at least one request in the system, and
             the simulated time they took.

@@ -23,8 +23,8 @@ PUBLISHED_POLICIES = ("max_model_len", "pow2", "exact")
 # each request's true output length, as kvlab's simulator does with a trace's lengths.
 PUBLISHED = {
     "contiguous/max_model_len": (0.204, "PagedAttention paper Fig. 2, Orca (Max)"),
-    "contiguous/oracle-pow2": (0.268, "PagedAttention paper Fig. 2, Orca (Pow2)"),
-    "contiguous/oracle": (0.382, "PagedAttention paper Fig. 2, Orca (Oracle)"),
+    "contiguous/clairvoyant-pow2": (0.268, "PagedAttention paper Fig. 2, Orca (Pow2)"),
+    "contiguous/clairvoyant": (0.382, "PagedAttention paper Fig. 2, Orca (Oracle)"),
     "paged/16": (0.963, "PagedAttention paper Fig. 2, vLLM (the seed article says 96%)"),
 }
 
@@ -34,8 +34,8 @@ PUBLISHED = {
 # others add up to 100.0%), and vLLM's bar is only labelled with its token states.
 PUBLISHED_BREAKDOWN = {
     "contiguous/max_model_len": (0.204, 0.133, 0.573, 0.089),
-    "contiguous/oracle-pow2": (0.268, 0.179, 0.136, 0.416),
-    "contiguous/oracle": (0.382, 0.252, 0.366, None),
+    "contiguous/clairvoyant-pow2": (0.268, 0.179, 0.136, 0.416),
+    "contiguous/clairvoyant": (0.382, 0.252, 0.366, None),
     "paged/16": (0.963, None, None, None),
 }
 

@@ -110,7 +110,16 @@ function drawCell(ctx, s, i, x, y, size, drawn) {
     ctx.fill();
     drawn.add("hashed");
   }
-  if (s.ref_cnt[i] > 1) {
+  if (s.ref_cnt[i] > 1 && !s.block_size) {
+    // A contiguous arena's cell where two ranges meet: dashed, no count (no sharing).
+    ctx.save();
+    ctx.strokeStyle = SHARED_OUTLINE;
+    ctx.lineWidth = 2;
+    ctx.setLineDash([3, 2]);
+    ctx.strokeRect(x + 1, y + 1, size - 2, size - 2);
+    ctx.restore();
+    drawn.add("meet");
+  } else if (s.ref_cnt[i] > 1) {
     drawSharedMark(ctx, x, y, size, s.ref_cnt[i]);
     drawn.add("shared");
   }
@@ -142,6 +151,7 @@ function drawMap(canvas, s, width) {
 }
 
 function tooltipText(s, i) {
+  if (!s.block_size) return arenaTooltipText(s, i);
   const lines = [`block ${i}`];
   const seq = s.owner[i];
   if (seq === null || seq === undefined) {
@@ -154,6 +164,21 @@ function tooltipText(s, i) {
   lines.push(`ref_cnt ${s.ref_cnt[i]}`);
   lines.push(`tokens ${s.num_filled[i]}${s.block_size ? ` / ${s.block_size}` : ""}`);
   if (s.cached[i]) lines.push("block_hash set (prefix-cacheable)");
+  return lines.join("\n");
+}
+
+// A contiguous arena's cell (lab 02), in that lab's words: no blocks, ref_cnt or hashes.
+function arenaTooltipText(s, i) {
+  const lines = [`cell ${i}`];
+  const seq = s.owner[i];
+  if (seq === null || seq === undefined) return [...lines, "free"].join("\n");
+  const holders = s.shared_seq_ids[String(i)] || [seq];
+  if (holders.length > 1) {
+    lines.push(`the ranges of seq ${holders.join(" and seq ")} meet here`);
+  } else {
+    lines.push(`reserved by seq ${seq}: cell ${s.logical_index[i]} of its range`);
+  }
+  lines.push(`slots written ${s.num_filled[i]}`);
   return lines.join("\n");
 }
 
@@ -174,6 +199,7 @@ const SWATCHES = {
   },
   reserved: { background: "linear-gradient(to top, #888 33%, rgba(136, 136, 136, 0.3) 33%)" },
   shared: { background: "#ffffff", outline: `2px solid ${SHARED_OUTLINE}`, outlineOffset: "-2px" },
+  meet: { background: "#ffffff", outline: `2px dashed ${SHARED_OUTLINE}`, outlineOffset: "-2px" },
   hashed: { background: "linear-gradient(225deg, #ffffff 28%, #888 28%)" },
 };
 

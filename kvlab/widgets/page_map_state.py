@@ -29,6 +29,7 @@ _LEGEND_LABELS = {
     "cached": "free, cached (keeps its block_hash)",
     "reserved": "pale: reserved, not yet written",
     "shared": "outlined: shared (the number is ref_cnt)",
+    "meet": "dashed: two requests' ranges meet in this cell",
     "hashed": "white corner: has a block_hash",
 }
 _FIELDS = ("block_id", "ref_cnt", "seq_ids", "logical_index", "num_filled", "cached")
@@ -83,13 +84,18 @@ class BlockCounts:
     block_size: int | None
 
     def __str__(self) -> str:
-        # A contiguous arena's cells (no block_size) hold two ranges where they meet.
-        shared = "shared" if self.block_size else "split between two ranges"
+        if self.block_size is None:
+            # A contiguous arena (lab 02) in its own words: cells of slots, reserved by
+            # ranges that may meet inside one cell; no blocks, no sharing, no cache.
+            return (
+                f"{self.num_blocks} cells: {self.used} reserved ({self.shared} where two "
+                f"ranges meet), {self.free} free; {self.num_seqs} seqs"
+            )
         text = (
-            f"{self.num_blocks} blocks: {self.used} used ({self.shared} {shared}), "
+            f"{self.num_blocks} blocks: {self.used} used ({self.shared} shared), "
             f"{self.cached} cached, {self.free} free; {self.num_seqs} seqs"
         )
-        if self.block_size and self.used:
+        if self.used:
             slots = self.used * self.block_size
             text += f"; {self.num_filled}/{slots} slots filled ({self.num_filled / slots:.0%})"
         return text
@@ -160,7 +166,8 @@ def legend_entries(blocks: Sequence, seqs: list[int], block_size: int | None) ->
     """``[key, label]`` for exactly the states the map draws, sequences last.
 
     Keys: ``free``, ``cached`` (free with a block_hash), ``reserved`` (held, not full),
-    ``shared`` (ref_cnt > 1), ``hashed`` (held, with a block_hash), ``seq <id>``, ``more``.
+    ``shared`` (ref_cnt > 1), ``meet`` (a contiguous arena's cell where two ranges meet),
+    ``hashed`` (held, with a block_hash), ``seq <id>``, ``more``.
     """
     held = [b for b in blocks if b.ref_cnt > 0]
     free = [b for b in blocks if b.ref_cnt == 0]
@@ -172,11 +179,10 @@ def legend_entries(blocks: Sequence, seqs: list[int], block_size: int | None) ->
         "shared": any(b.ref_cnt > 1 for b in held),
         "hashed": any(b.cached for b in held),
     }
-    labels = dict(_LEGEND_LABELS)
     if block_size is None:
         # A contiguous arena's cells: two ranges meeting in a cell is not sharing.
-        labels["shared"] = "outlined: a cell where two requests' ranges meet"
-    entries = [[key, labels[key]] for key, shown in present.items() if shown]
+        present["meet"] = present.pop("shared")
+    entries = [[key, _LEGEND_LABELS[key]] for key, shown in present.items() if shown]
     entries += [[f"seq {s}", f"seq {s}"] for s in seqs[:MAX_LEGEND_SEQS]]
     if len(seqs) > MAX_LEGEND_SEQS:
         entries.append(["more", f"+{len(seqs) - MAX_LEGEND_SEQS} more seqs"])

@@ -130,7 +130,13 @@ def _cell(state: dict, i: int, x: int, y: int, size: int) -> list[str]:
     if cached and size >= 10:
         third = size / 3
         parts.append(f'<path d="M{x + size} {y}h{-third:g}l{third:g} {third:g}z" fill="#ffffff"/>')
-    if state["ref_cnt"][i] > 1:
+    if state["ref_cnt"][i] > 1 and block_size is None:
+        # A contiguous arena's cell where two ranges meet: dashed, and no count (no sharing).
+        parts.append(
+            f'<rect x="{x + 1}" y="{y + 1}" width="{size - 2}" height="{size - 2}" fill="none" '
+            f'stroke="{SHARED_OUTLINE}" stroke-width="2" stroke-dasharray="3 2"/>'
+        )
+    elif state["ref_cnt"][i] > 1:
         lw = 2 if size >= 10 else 1
         parts.append(
             f'<rect x="{x + lw / 2:g}" y="{y + lw / 2:g}" width="{size - lw}" '
@@ -155,6 +161,9 @@ def _legend_swatch(key: str, colors: dict):
         "cached": _box("url(#kvlab-hatch)"),
         "reserved": _reserved_box,
         "shared": _box("#ffffff", f' stroke="{SHARED_OUTLINE}" stroke-width="2"'),
+        "meet": _box(
+            "#ffffff", f' stroke="{SHARED_OUTLINE}" stroke-width="2" stroke-dasharray="3 2"'
+        ),
         "hashed": _hash_corner_box,
         "more": None,
     }[key]
