@@ -39,6 +39,29 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device``, or ``default_device()`` for None.
+
+    Raises:
+        ValueError: a device kvlab does not run on (it knows "cpu" and "cuda"), or CUDA
+            asked for on a machine without it.
+    """
+    if device is None:
+        return default_device()
+    allowed = "use 'cpu', 'cuda' (or 'cuda:N'), or None for CUDA when present, else the CPU"
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is not allowed: {allowed}") from error
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not allowed: {allowed}")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} is not allowed: this machine has no CUDA device; use 'cpu' or None"
+        )
+    return resolved
+
+
 def triton_mode() -> str:
     """How Triton kernels will run here: "native", "interpreter" or "unavailable".
 

@@ -113,6 +113,15 @@ class DoubleFree(Right):
             self.free_blocks.append(block)
 
 
+class FreeForgetsOnlyTheTable(Right):
+    """Frees the blocks but keeps the sequence's token count: harmless until its id comes
+    back (kvlab's engine reuses a preempted request's id), then it grows from a stale count."""
+
+    def free(self, seq_id):
+        for block in self.block_tables.pop(seq_id):
+            self._release(block)
+
+
 class ForkSharesTheList(Right):
     def fork(self, parent_seq_id, child_seq_id):
         super().fork(parent_seq_id, child_seq_id)
@@ -190,6 +199,7 @@ PLANTED = [
     (FreeIgnoresRefCnt, "ref_cnt"),
     (MissedDecrement, "ref_cnt"),
     (DoubleFree, "ref_cnt"),
+    (FreeForgetsOnlyTheTable, "grows"),
     (ForkSharesTheList, "fork"),
     (ForkCopiesBlocks, "fork"),
     (NoCopyOnWrite, "copy_on_write"),
@@ -202,6 +212,13 @@ PLANTED = [
 
 def verdicts(report):
     return {v.criterion: v for v in report.verdicts}
+
+
+def test_a_free_that_keeps_the_count_is_named_when_the_id_comes_back():
+    report = check_block_manager(FreeForgetsOnlyTheTable, num_sequences=200)
+    (failed,) = [v for v in report.verdicts if not v.passed]
+    assert "free must forget the whole sequence" in failed.misconception
+    assert "was freed before" in failed.detail or "raised" in failed.detail
 
 
 def test_the_stub_scores_nothing():
@@ -228,10 +245,18 @@ def test_a_right_manager_passes_every_property(monkeypatch):
     assert report.score == len(CRITERIA)
 
 
-def test_a_right_manager_serves_real_requests(tiny):
+def test_a_right_manager_serves_real_requests_through_preemptions(tiny):
     prompts = [list(range(3, 17)), list(range(20, 27)), list(range(30, 45)), [5, 6, 7]]
     verdict = check_generation(Right, tiny, prompts)
     assert verdict.passed, verdict
+    preempted = int(verdict.detail.split(" preempted")[0].rsplit(" ", 1)[1])
+    assert preempted >= 1, verdict.detail  # a freed seq_id came back
+
+
+def test_a_free_that_keeps_the_count_breaks_a_resumed_request(tiny):
+    prompts = [list(range(3, 17)), list(range(20, 27)), list(range(30, 45)), [5, 6, 7]]
+    verdict = check_generation(FreeForgetsOnlyTheTable, tiny, prompts)
+    assert not verdict.passed, verdict
 
 
 def test_a_manager_that_writes_shared_blocks_corrupts_generation(tiny):

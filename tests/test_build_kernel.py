@@ -64,6 +64,27 @@ PLANTED = {
         ],
         "partial_block",
     ),
+    # A running max that starts at 0: right while some score of a row is above 0, 0 / 0
+    # when every score is near -300.
+    "max_starts_at_zero": (
+        [
+            (
+                'm_i = tl.full([], float("-inf"), dtype=tl.float32)',
+                "m_i = tl.zeros([], dtype=tl.float32)",
+            )
+        ],
+        "large_scores",
+    ),
+    # The max taken over the raw scores, the masked slots' 0 among them: the same.
+    "max_before_masking": (
+        [
+            (
+                "m_new = tl.maximum(m_i, tl.max(scores, axis=0))",
+                "m_new = tl.maximum(m_i, tl.max(tl.sum(k * q[None, :], axis=1) * scale, axis=0))",
+            )
+        ],
+        "large_scores",
+    ),
     "raw_exp": (
         [
             ("alpha = tl.exp(m_i - m_new)", "alpha = 1.0"),

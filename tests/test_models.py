@@ -82,3 +82,38 @@ def test_env_report_names_device_and_triton_mode():
     assert "torch" in text and report.torch in text
     if not torch.cuda.is_available():
         assert report.device == "cpu" and report.device_memory_bytes is None
+
+
+class _Tokenizer:
+    def save_pretrained(self, folder):
+        (folder / "tokenizer.json").write_text("{}")
+
+
+def test_a_conversion_that_finds_another_ones_folder_keeps_it(monkeypatch, tmp_path):
+    """Two labs opened at once both convert SmolLM2; the second to finish finds the first
+    one's folder where it would rename its own, and keeps it instead of failing."""
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", lambda *a, **k: _Tokenizer())
+    monkeypatch.setattr(
+        loading.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loading.tiny_model()
+    )
+    target = tmp_path / "SmolLM2-135M-Instruct"
+    loading._convert_gguf(tmp_path, "model.gguf", target)  # the first one
+    first = (target / "model.safetensors").stat().st_mtime_ns
+    loading._convert_gguf(tmp_path, "model.gguf", target)  # the second, a moment later
+    assert (target / "config.json").exists()
+    assert (target / "model.safetensors").stat().st_mtime_ns == first
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no staging folder left
+
+
+@pytest.mark.parametrize("device", ["tpu", "gpu", 3.5])
+def test_a_device_kvlab_does_not_run_on_is_named(device):
+    with pytest.raises(ValueError, match=rf"device={device!r} is not allowed: use 'cpu', 'cuda'"):
+        kvlab.load_model("tiny", device=device)
+    with pytest.raises(ValueError, match=rf"device={device!r} is not allowed"):
+        kvlab.LLM("tiny", device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_cuda_device_is_named():
+    with pytest.raises(ValueError, match="device='cuda' is not allowed: this machine has no CUDA"):
+        kvlab.load_model("tiny", device="cuda")

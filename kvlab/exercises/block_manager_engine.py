@@ -39,7 +39,9 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
     params = [SamplingParams(n=2, temperature=0.8, seed=7, max_tokens=10)] + [
         SamplingParams(temperature=0, max_tokens=10) for _ in prompts[1:]
     ]
-    num_blocks = 64
+    # A pool too small for every request at once, so that the engine preempts one
+    # (recompute): its blocks are freed, and it comes back later under the same seq_id.
+    num_blocks = pool_that_preempts(prompts, max_tokens=10, block_size=4)
     try:
         with one_torch_thread():
             engines = {}
@@ -61,12 +63,24 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
             failure = run_side_by_side(engines["yours"], engines["kvlab"], len(prompts))
     except Exception as error:  # noqa: BLE001 - the learner's manager inside the engine
         return engine_stopped(error)
+    preempted = engines["kvlab"].metrics.num_preemptions
     return failure or Verdict(
         "generation",
         True,
-        f"{len(prompts)} requests, {len(prompts) + 1} samples, every step's K/V and every "
-        "token as with kvlab's BlockManager",
+        f"{len(prompts)} requests, {len(prompts) + 1} samples, {preempted} preempted and "
+        "resumed, every step's K/V and every token as with kvlab's BlockManager",
     )
+
+
+def pool_that_preempts(prompts: Sequence[Sequence[int]], max_tokens: int, block_size: int) -> int:
+    """Fewer blocks than the prompts fill: the engine must preempt to finish them, yet the
+    largest request, with its two samples, fits alone."""
+
+    def blocks(n: int) -> int:
+        return -(-n // block_size)
+
+    largest = max(blocks(len(p) + max_tokens) for p in prompts)
+    return max(sum(blocks(len(p)) for p in prompts) - 4, largest + blocks(max_tokens) + 1)
 
 
 def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:

