@@ -13,6 +13,11 @@
     recording.in_hindsight(final_slots)     each step's fragmentation with the held slots
                                             the sequences wrote later split off as
                                             ``reservation`` (the paper's four kinds)
+    Recording(arena=True)                   also keeps a contiguous arena's holes and
+                                            ranges after every step
+    recording.placements()                  where each range of a contiguous arena went
+    waiting_at(result, step)                the requests that had arrived but not started:
+                                            after that step they wait
     describe_fullest(history, label)        the step where a cache held the most tokens,
                                             in words, and the mean use over the steps
                                             that held memory
@@ -26,6 +31,7 @@ from dataclasses import replace
 
 from kvlab.cache.base import PooledKVCache
 from kvlab.measure.experiments import Fragmentation, fragmentation
+from kvlab.measure.serve import ServeResult
 from kvlab.widgets import format_bytes
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 
@@ -36,21 +42,29 @@ class Recording:
     Args:
         request_size: passed to ``fragmentation`` (the slots one more request needs).
         tables: also record every sequence's block table.
+        arena: also record a contiguous cache's holes and ranges (its ``arena``).
 
     Attributes:
         snapshots: one ``PoolSnapshot`` per step.
         fragmentation: one ``Fragmentation`` per step.
         tables: one ``{seq_id: block_table}`` per step (empty unless ``tables``).
         held: one ``{seq_id: (held slots, written slots)}`` per step.
+        holes: one list of ``(start, length)`` free runs per step (empty unless ``arena``).
+        ranges: one ``{seq_id: (start, num_slots)}`` per step (empty unless ``arena``).
     """
 
-    def __init__(self, request_size: int | None = None, tables: bool = False) -> None:
+    def __init__(
+        self, request_size: int | None = None, tables: bool = False, arena: bool = False
+    ) -> None:
         self.request_size = request_size
         self.record_tables = tables
+        self.record_arena = arena
         self.snapshots: list[PoolSnapshot] = []
         self.fragmentation: list[Fragmentation] = []
         self.tables: list[dict[int, list[int]]] = []
         self.held: list[dict[int, tuple[int, int]]] = []
+        self.holes: list[list[tuple[int, int]]] = []
+        self.ranges: list[dict[int, tuple[int, int]]] = []
 
     def __call__(self, step: int, cache: PooledKVCache) -> None:
         self.snapshots.append(PoolSnapshot.of(cache, step))
@@ -59,6 +73,22 @@ class Recording:
         self.held.append({s: (kv.held_slots(s), kv.num_tokens(s)) for s in kv.seq_ids()})
         if self.record_tables:
             self.tables.append({s: cache.block_table(s) for s in cache.manager.seq_ids()})
+        if self.record_arena:
+            arena = cache.arena  # a ContiguousKVCache's; a paged cache has none
+            self.holes.append(arena.holes())
+            ranges = {s: arena.range_of(s) for s in arena.seq_ids()}
+            self.ranges.append({s: (r.start, r.num_slots) for s, r in ranges.items()})
+
+    def placements(self) -> dict[int, tuple[int, int]]:
+        """Where each sequence's range went: ``seq_id -> (start, num_slots)``, in the
+        order the ranges were placed (needs ``Recording(arena=True)``)."""
+        if not self.record_arena:
+            raise ValueError("placements() needs a Recording(arena=True)")
+        placed: dict[int, tuple[int, int]] = {}
+        for ranges in self.ranges:
+            for seq_id, where in ranges.items():
+                placed.setdefault(seq_id, where)
+        return placed
 
     def last_table(self, seq_id: int) -> tuple[int, list[int]]:
         """The last step at which ``seq_id`` held blocks, and its block table then.
@@ -91,6 +121,21 @@ class Recording:
     def view(self, title: str, weight_bytes: int, step: int | None = None) -> StepView:
         """A ``StepView`` of the run, resting on ``step`` (default: the fullest)."""
         return StepView(self.snapshots, title=title, weight_bytes=weight_bytes, step=step)
+
+
+def waiting_at(result: ServeResult, step: int) -> list[int]:
+    """The requests that had arrived by ``step`` but not yet started: they wait after it.
+
+    A request starts in the step that admits it, so one that arrived at step 8 and started
+    at step 12 waits after steps 8 to 11. Refused requests never wait.
+    """
+    return [
+        i
+        for i, (arrival, start) in enumerate(
+            zip(result.arrival_steps, result.start_steps, strict=True)
+        )
+        if start is not None and arrival <= step < start
+    ]
 
 
 def describe_fullest(history: list[Fragmentation], label: str) -> tuple[str, Fragmentation]:
