@@ -1,4 +1,4 @@
-"""kvlab.measure.kernel_viz lists what the decode kernel really reads, and draws it.
+"""kvlab.measure.kernel_viz lists what the decode kernel really reads.
 
 The oracle is the kernel itself: a block filled with NaN turns exactly the outputs of the
 programs that read it into NaN. Without CUDA the kernel runs in Triton's interpreter, so
@@ -12,7 +12,7 @@ import torch
 from kvlab.kernels import paged_decode_attention
 
 from kvlab.env import default_device
-from kvlab.measure.kernel_viz import block_reads_figure, decode_block_reads, split_token_range
+from kvlab.measure.kernel_viz import decode_block_reads, split_token_range
 
 DEVICE = default_device()
 
@@ -74,20 +74,3 @@ def test_poisoned_block_breaks_exactly_its_readers():
         broken = out.isnan().any(dim=-1).nonzero().tolist()
         observed = {(seq, head // group) for seq, head in broken}
         assert observed == {(r.seq, r.kv_head) for r in reads if block in r.block_ids}, block
-
-
-def test_figure_marks_the_cells_read_with_the_sequence_and_logical_index():
-    reads = decode_block_reads(BLOCK_TABLE, SEQ_LENS, BLOCK_SIZE, num_kv_heads=1, num_splits=2)
-    fig = block_reads_figure(reads, NUM_BLOCKS, num_splits=2)
-    heatmap = fig.data[0]
-    assert list(heatmap.y) == [
-        "seq 0 · KV head 0 · split 0",
-        "seq 0 · KV head 0 · split 1",
-        "seq 1 · KV head 0 · split 0",
-        "seq 1 · KV head 0 · split 1",
-    ]
-    z = [list(row) for row in heatmap.z]
-    assert z[0][6] == 0 and heatmap.text[0][9] == "L2"
-    assert z[2][0] == 1 and heatmap.text[2][0] == "L1"
-    assert z[1] == [None] * NUM_BLOCKS  # 10 tokens fit in split 0's one tile
-    assert sum(cell is not None for row in z for cell in row) == 5

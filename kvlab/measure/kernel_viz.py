@@ -1,9 +1,9 @@
-"""Which physical blocks each program of the paged decode kernel reads: the list and a picture.
+"""Which physical blocks each program of the paged decode kernel reads, in reading order.
 
 ``kvlab.kernels.paged_decode_attention`` launches a grid of programs, one per
 (sequence, KV head, split). A program walks its chunk of the context and finds every
 token's physical block through its sequence's row of the ``block_table``, so the blocks it
-reads are that row, cut to the chunk. Lab 05 draws this for a small shuffled block table:
+reads are that row, cut to the chunk. For a small shuffled block table:
 
     block_table[0] = [6, 1, 9]     program (seq 0, KV head h) reads blocks 6, 1, 9
     block_table[1] = [4, 0]        program (seq 1, KV head h) reads blocks 4, 0
@@ -11,7 +11,7 @@ reads are that row, cut to the chunk. Lab 05 draws this for a small shuffled blo
 
 ``split_token_range`` repeats the kernel's own arithmetic for a split's chunk, and the tests
 check the list against the kernel itself (a poisoned block turns exactly its readers' outputs
-into NaN).
+into NaN). ``kvlab.widgets.kernel_figures`` draws the list for lab 05.
 
 Not handled: the prefill kernel's grid (it adds query tiles), and reads of the query, the
 block table or the output.
@@ -21,13 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import plotly.graph_objects as go
 import torch
 
 from kvlab.kernels.paged_attention import TILE_N
-
-# One color per sequence (colorblind-safe, from plotly's "Safe" qualitative palette).
-SEQ_COLORS = ("#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499", "#44AA99")
 
 
 @dataclass(frozen=True)
@@ -96,58 +92,5 @@ def decode_block_reads(
     return reads
 
 
-def block_reads_figure(
-    reads: list[ProgramReads], num_blocks: int, num_splits: int = 1, title: str | None = None
-) -> go.Figure:
-    """Programs (rows) against physical blocks (columns); a cell is filled where one reads.
-
-    The color is the program's sequence and the text ``L<i>`` the logical block index, so
-    reading a row left to right in L order follows the program through its context.
-    """
-    labels = [r.label(num_splits) for r in reads]
-    z = [[None] * num_blocks for _ in reads]
-    text = [[""] * num_blocks for _ in reads]
-    for row, r in enumerate(reads):
-        for i, block_id in enumerate(r.block_ids):
-            z[row][block_id] = r.seq
-            text[row][block_id] = f"L{r.first_logical + i}"
-    num_seqs = max(r.seq for r in reads) + 1
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=list(range(num_blocks)),
-            y=labels,
-            text=text,
-            texttemplate="%{text}",
-            colorscale=_discrete_colorscale(num_seqs),
-            zmin=-0.5,
-            zmax=num_seqs - 0.5,
-            showscale=False,
-            xgap=2,
-            ygap=2,
-            hovertemplate="%{y} reads physical block %{x} (its logical block %{text})"
-            "<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        title=title,
-        xaxis=dict(title="physical block id", dtick=1, showgrid=False, zeroline=False),
-        yaxis=dict(title="program", autorange="reversed", showgrid=False),
-        height=140 + 28 * len(reads),
-        margin=dict(l=10, r=10, t=50, b=50),
-        plot_bgcolor="#f4f4f4",
-    )
-    return fig
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _discrete_colorscale(num_colors: int) -> list[list]:
-    """A colorscale with ``num_colors`` flat bands, so integer z i gets SEQ_COLORS[i]."""
-    scale = []
-    for i in range(num_colors):
-        color = SEQ_COLORS[i % len(SEQ_COLORS)]
-        scale += [[i / num_colors, color], [(i + 1) / num_colors, color]]
-    return scale
