@@ -96,28 +96,61 @@ def peak_bandwidth_gbps(device_name: str) -> float | None:
     return None
 
 
-def bench_cuda(cases: list[Case]) -> None:
+@dataclass(frozen=True)
+class Row:
+    """One way of computing a decode step, timed: ms, GB/s, share of peak, error vs SDPA."""
+
+    label: str
+    ms: float
+    gbps: float
+    share: float | None
+    error: float
+
+    def __str__(self) -> str:
+        share = f"{self.share:6.1%} of peak" if self.share is not None else "peak unknown"
+        return (
+            f"{self.label:<26} {self.ms:8.3f} ms  {self.gbps:7.0f} GB/s  {share}  "
+            f"max|err| {self.error:.1e}"
+        )
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """How far from SDPA a kernel's output may be (the order of the sums differs)."""
+    return {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+
+
+def describe(case: Case) -> str:
+    return (
+        f"{case.num_seqs} seqs x {case.context_len} tokens, {case.num_heads} heads / "
+        f"{case.num_kv_heads} KV heads, head_dim {case.head_dim}, block_size "
+        f"{case.block_size}, {case.dtype}: {case.kv_bytes() / 2**20:.0f} MiB of KV"
+    )
+
+
+def measure(case: Case, peak: float | None) -> list[Row]:
+    """Each candidate of ``case`` on CUDA, timed by ``triton.testing.do_bench``."""
     import triton.testing
 
-    device = torch.device("cuda")
-    name = torch.cuda.get_device_name(device)
+    candidates = _candidates(case, torch.device("cuda"))
+    expected = candidates["torch SDPA, contiguous"]().squeeze(2)
+    rows = []
+    for label, fn in candidates.items():
+        error = (fn().reshape(expected.shape).float() - expected.float()).abs().max().item()
+        ms = triton.testing.do_bench(fn, warmup=10, rep=50)
+        gbps = case.kv_bytes() / (ms * 1e-3) / 1e9
+        rows.append(Row(label, ms, gbps, gbps / peak if peak else None, error))
+    return rows
+
+
+def bench_cuda(cases: list[Case]) -> None:
+    name = torch.cuda.get_device_name(torch.device("cuda"))
     peak = peak_bandwidth_gbps(name)
     peak_text = f"{peak:.0f} GB/s" if peak else "unknown (not in PEAK_BANDWIDTH_GBPS)"
     print(f"device: {name}, peak memory bandwidth {peak_text}")
     for case in cases:
-        candidates = _candidates(case, device)
-        expected = candidates["torch SDPA, contiguous"]().squeeze(2)
-        print(
-            f"\n{case.num_seqs} seqs x {case.context_len} tokens, {case.num_heads} heads / "
-            f"{case.num_kv_heads} KV heads, head_dim {case.head_dim}, block_size "
-            f"{case.block_size}, {case.dtype}: {case.kv_bytes() / 2**20:.0f} MiB of KV"
-        )
-        for label, fn in candidates.items():
-            error = (fn().reshape(expected.shape).float() - expected.float()).abs().max().item()
-            ms = triton.testing.do_bench(fn, warmup=10, rep=50)
-            gbps = case.kv_bytes() / (ms * 1e-3) / 1e9
-            share = f"{gbps / peak:6.1%} of peak" if peak else "peak unknown"
-            print(f"  {label:<26} {ms:8.3f} ms  {gbps:7.0f} GB/s  {share}  max|err| {error:.1e}")
+        print(f"\n{describe(case)}")
+        for row in measure(case, peak):
+            print(f"  {row}")
 
 
 def _candidates(case: Case, device: torch.device) -> dict:
@@ -142,17 +175,24 @@ def _candidates(case: Case, device: torch.device) -> dict:
     }
 
 
+def cpu_errors() -> list[tuple[int, float]]:
+    """(num_splits, max |kernel - reference|) of a small case in Triton's interpreter."""
+    case = Case(2, 100, num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float32)
+    query, kv_cache, block_table, seq_lens = make_inputs(case, torch.device("cpu"))
+    expected = paged_decode_attention_ref(query, kv_cache, block_table, seq_lens)
+    errors = []
+    for num_splits in (1, 3):
+        out = paged_decode_attention(query, kv_cache, block_table, seq_lens, num_splits=num_splits)
+        errors.append((num_splits, (out - expected).abs().max().item()))
+    return errors
+
+
 def check_cpu() -> None:
     print(
         "No CUDA device: Triton runs the kernel in its interpreter (numpy on the CPU).\n"
         "Interpreter timings are not performance, so this only checks correctness."
     )
-    case = Case(2, 100, num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float32)
-    query, kv_cache, block_table, seq_lens = make_inputs(case, torch.device("cpu"))
-    expected = paged_decode_attention_ref(query, kv_cache, block_table, seq_lens)
-    for num_splits in (1, 3):
-        out = paged_decode_attention(query, kv_cache, block_table, seq_lens, num_splits=num_splits)
-        error = (out - expected).abs().max().item()
+    for num_splits, error in cpu_errors():
         verdict = "OK" if error < 1e-4 else "MISMATCH"
         print(f"num_splits={num_splits}: max |kernel - reference| = {error:.1e}  {verdict}")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from inspect import signature
 
 import torch
 
@@ -83,8 +84,15 @@ def run_hf_generate_batch(
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = _hf_config(GenerationConfig, max(workload.output_lens))
+    # transformers renamed block_size to page_size (5.2x); 5.17, on kvlab's GPU machines,
+    # knows only block_size.
+    size = (
+        "page_size"
+        if "page_size" in signature(ContinuousBatchingConfig).parameters
+        else "block_size"
+    )
     cb_config = ContinuousBatchingConfig(
-        page_size=block_size,
+        **{size: block_size},
         num_blocks=num_blocks,
         max_batch_tokens=max_num_batched_tokens,
         max_requests_per_batch=max_num_seqs,
