@@ -25,10 +25,6 @@ HAND_ANSWERS = {
     "02.largest_request": 300,
     # 32 blocks of 32 slots for 1,000 tokens
     "03.empty_slots": 32 * 32 - 1000,
-    # 4 full blocks of 16 match (tokens 0..63); tokens 64..119 are computed
-    "03.prefix_hit": 120 - 64,
-    # the shared last block is copied by the first 3 writers; the 4th holds it alone
-    "03.cow_copies": 3,
     # 4 seats x 10 steps (the longest output) - 3 - 10 - 4 - 6 tokens
     "04.static_idle_seats": 4 * 10 - (3 + 10 + 4 + 6),
     # the oldest request (arrived at 0) times out after 0.5 s, before a 4th arrives at 1.2
