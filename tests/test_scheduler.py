@@ -249,6 +249,27 @@ def test_priority_preemption_takes_the_lowest_priority():
     assert background.num_preemptions >= 1 and important.num_preemptions == 0
 
 
+def test_a_victim_already_scheduled_gives_its_tokens_back_to_the_budget():
+    """Under priority, the background request (admitted first, alone) decodes first in a
+    step; then the important one needs a block, and the background one is preempted. Its
+    token goes back to the step's budget, so the prefill behind them gets one more."""
+    scheduler = make(
+        cache=paged(5), scheduling_policy="priority", max_num_seqs=3, max_num_batched_tokens=6
+    )
+    background = request(0, prompt_len=3, max_tokens=12, priority=9)
+    scheduler.add_request(background)
+    driver = Driver(scheduler)
+    driver.step()
+    scheduler.add_request(request(1, prompt_len=3, max_tokens=12, priority=0, arrival=1.0))
+    scheduler.add_request(request(2, prompt_len=12, max_tokens=4, priority=0, arrival=1.0))
+    driver.step()
+    driver.step()
+    out = driver.step()
+    assert out.preempted == [background] and background.num_preemptions == 1
+    assert driver.log[-1] == [(1, 1), (2, 5)]  # 6 tokens: the whole budget
+    driver.run()
+
+
 def test_contiguous_cache_admits_only_what_its_reservations_fit():
     cache = ContiguousKVCache(1, 1, 2, num_slots=40, reservation_policy="exact", device="cpu")
     scheduler = make(cache=cache)

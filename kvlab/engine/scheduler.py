@@ -204,7 +204,9 @@ class Scheduler(Admission, Preemption):
             try:
                 copies += allocate(request.seq_id, num_new, token_ids[start : start + num_new])
             except CacheFullError:
-                if not self._preempt_until_fits(request, num_new, out):
+                fits, given_back = self._preempt_until_fits(request, num_new, out)
+                budget += given_back
+                if not fits:
                     continue  # it preempted itself
             requests.append(request)
             nums.append(num_new)
@@ -247,7 +249,9 @@ class Scheduler(Admission, Preemption):
         if num_allocated == len(batch):
             return index, budget
         stuck = batch[num_allocated]
-        if self._preempt_until_fits(stuck, 1, out):
+        fits, given_back = self._preempt_until_fits(stuck, 1, out)
+        budget += given_back
+        if fits:
             out.add(stuck, 1)
             budget -= 1
         return where[num_allocated] + 1, budget

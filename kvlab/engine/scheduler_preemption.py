@@ -50,21 +50,30 @@ class Preemption(SwapScheduling):
     waiting: WaitingQueue
     num_preemptions: int
 
-    def _preempt_until_fits(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
-        """Free blocks until ``request``'s next tokens fit; False if it was preempted itself."""
+    def _preempt_until_fits(
+        self, request: Request, num_new: int, out: SchedulerOutput
+    ) -> tuple[bool, int]:
+        """Free blocks until ``request``'s next tokens fit.
+
+        Returns:
+            whether they fit (False: ``request`` was preempted itself), and the tokens of
+            victims already scheduled in this step, which go back to the step's token
+            budget (as vLLM's scheduler gives them back).
+        """
         start = request.num_computed_tokens
         token_ids = request.token_ids[start : start + num_new]
+        given_back = 0
         while True:
             if not self._drop_prefetched():
                 victim = self._pick_victim()
                 if victim.status is RequestStatus.RUNNING and victim in out.requests:
-                    out._remove(victim)  # priority mode: a lower-priority one ran first
+                    given_back += out._remove(victim)  # priority: a less important one ran first
                 self._preempt(victim, out)
                 if victim is request:
-                    return False
+                    return False, given_back
             try:
                 out.blocks_to_copy += self.kv.allocate_slots(request.seq_id, num_new, token_ids)
-                return True
+                return True, given_back
             except CacheFullError:
                 pass
 
