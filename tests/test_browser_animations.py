@@ -5,7 +5,7 @@ A step slider's recording, the batching panel's replay and a build-it's failing 
 saved as animated PNGs. Here Chromium decodes each one (WebCodecs' ``ImageDecoder``): it
 must have more than one frame, and its middle frame must differ from its first. Then one
 animation per lab is watched as an ``<img>``: two screenshots a few frames apart must
-differ, so the page really plays it. Labs 02, 03 and 04 must each hold at least one.
+differ, so the page really plays it. Labs 02, 03, 04 and 06 must each hold at least one.
 Needs Debian's ``chromium`` and ``playwright``, as the other browser tests do.
 """
 
@@ -20,7 +20,7 @@ from browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, missing_browser
 from nbconvert import HTMLExporter
 
 LABS = sorted((Path(__file__).parent.parent / "labs").glob("*.ipynb"))
-MUST_ANIMATE = {"02_contiguous", "03_paged", "04_batching"}
+MUST_ANIMATE = {"02_contiguous", "03_paged", "04_batching", "06_prefix_sharing"}
 
 DECODE_ANIMATIONS = """async () => {
     const out = [];
