@@ -15,7 +15,7 @@ import pytest
 from kvlab.engine.step_cost import Roofline
 from kvlab.memory import preset
 from kvlab.widgets import BatchingPanel
-from kvlab.widgets.batching_figures import comparison_figure, load_figure, timeline_figure
+from kvlab.widgets.batching_figures import comparison_figure, timeline_figure
 from kvlab.widgets.batching_panel import PanelSettings
 
 KNOBS = (
@@ -189,8 +189,6 @@ def test_figure_helpers_draw_one_row_or_line_per_run(panel):
     results = panel.results
     timeline = timeline_figure(results)
     assert len({t.yaxis for t in timeline.data}) == 3
-    load = load_figure(results)
-    assert {t.name for t in load.data} == set(results)
     comparison = comparison_figure(results)
     assert list(comparison.data[0].x) == list(results)
 

@@ -1,9 +1,15 @@
-"""Each lab with its build-it solved: the rest of the lab works with a right learner's code.
+"""Each lab's build-it as a learner meets it after a restart: the set-up, then the build-it.
 
-The labs are committed with the build-it stubs in place (nbval runs them so). Here a lab
-is executed end to end with the stub replaced by a solution written as a learner would
-(``tests/solutions/``), and its check must print that every criterion holds; the cells
-after it, some of which use the learner's code, must run without an error too.
+A learner who restarts the kernel and jumps to the build-it runs the lab's set-up cells
+(tagged ``setup``) and then the build-it section's cells (tagged ``build-it``), nothing
+else. Run that way, each build-it must work twice:
+
+- as committed, with the stub in place: nothing raises (the check says what is missing);
+- with the stub replaced by a solution written as a learner would (``tests/solutions/``):
+  its check prints that every criterion holds, and the cells after it, some of which use
+  the learner's code, run without an error.
+
+nbval runs every lab top to bottom with the stubs; this is the other path through it.
 """
 
 from __future__ import annotations
@@ -66,19 +72,48 @@ def with_solution(notebook, name: str, solution: str) -> None:
     raise AssertionError(f"no cell defines {name}")
 
 
-@pytest.mark.parametrize("lab", sorted(SOLVED))
-def test_the_lab_runs_with_its_build_it_solved(lab):
-    name, solution_file, expected = SOLVED[lab]
+def after_a_restart(lab: str):
+    """The lab's ``setup`` cells, then its ``build-it`` cells, in the lab's order."""
     notebook = nbformat.read(ROOT / "labs" / lab, as_version=4)
-    solution = solution_source(ROOT / "tests" / "solutions" / solution_file, name)
-    with_solution(notebook, name, solution)
+    tagged = {
+        tag: [c for c in notebook.cells if tag in c.get("metadata", {}).get("tags", [])]
+        for tag in ("setup", "build-it")
+    }
+    for tag, cells in tagged.items():
+        assert cells, f"{lab}: no code cell is tagged {tag!r}"
+    setup_last = max(notebook.cells.index(c) for c in tagged["setup"])
+    build_first = min(notebook.cells.index(c) for c in tagged["build-it"])
+    assert setup_last < build_first, f"{lab}: a set-up cell comes after the build-it begins"
+    notebook.cells = tagged["setup"] + tagged["build-it"]
+    return notebook
+
+
+def run(notebook) -> str:
+    """Execute ``notebook`` in labs/; fail on the first error; return everything printed."""
     client = NotebookClient(notebook, timeout=600, resources={"metadata": {"path": ROOT / "labs"}})
     client.execute()
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     errors = [o for o in outputs if o.output_type == "error"]
     assert not errors, f"{errors[0].ename}: {errors[0].evalue}"
-    printed = "\n".join(
+    return "\n".join(
         o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in outputs
     )
+
+
+@pytest.mark.parametrize("lab", sorted(SOLVED))
+def test_the_build_it_runs_after_a_restart_as_committed(lab):
+    name = SOLVED[lab][0]
+    printed = run(after_a_restart(lab))
+    assert "criteria hold" in printed, f"{lab}: the check of {name} printed no verdict"
+
+
+@pytest.mark.parametrize("lab", sorted(SOLVED))
+def test_the_build_it_solved_runs_after_a_restart(lab):
+    name, solution_file, expected = SOLVED[lab]
+    notebook = after_a_restart(lab)
+    with_solution(
+        notebook, name, solution_source(ROOT / "tests" / "solutions" / solution_file, name)
+    )
+    printed = run(notebook)
     for text in expected:
         assert text in printed, text

@@ -166,6 +166,17 @@ class ReplayResult:
         steps = self.metrics.steps
         return sum(s.num_scheduled for s in steps) / len(steps) if steps else math.nan
 
+    def longest_token_gap(self, requests: Sequence[int] | None = None) -> float:
+        """The longest wait between two consecutive tokens of any of ``requests`` (indices
+        into ``outputs``; all by default): the stall a streaming user sees."""
+        chosen = range(len(self.outputs)) if requests is None else requests
+        return max(self.outputs[i].metrics.max_token_gap for i in chosen)
+
+    def mean_ttft(self, requests: Sequence[int] | None = None) -> float:
+        """The mean time to first token of ``requests`` (indices; all by default)."""
+        chosen = list(range(len(self.outputs)) if requests is None else requests)
+        return sum(self.outputs[i].metrics.ttft for i in chosen) / len(chosen)
+
     def step_starts(self) -> list[float]:
         """When each step began: its end minus ``step_seconds`` (else the previous end)."""
         steps = self.metrics.steps
@@ -285,7 +296,6 @@ _COLUMNS = (
     ("batch", "mean_batch_size", "{:.2f}"),
     ("TTFT p50", "ttft_p50", "{:.3f}"),
     ("TTFT p99", "ttft_p99", "{:.3f}"),
-    ("TPOT p50", "tpot_p50", "{:.3f}"),
     ("TPOT p99", "tpot_p99", "{:.3f}"),
     ("E2E p50", "e2e_p50", "{:.3f}"),
     ("E2E p99", "e2e_p99", "{:.3f}"),
@@ -296,12 +306,16 @@ _COLUMNS = (
 
 
 def format_table(results: dict[str, ReplayResult]) -> str:
-    """One row per run: steps, mean batch size, latencies (s) p50/p99, tokens/s, KV, preemptions."""
+    """One row per run: steps, mean batch size, latencies (s), tokens/s, KV, preemptions.
+
+    Narrow enough (about 105 characters with short run names) for a notebook's HTML page
+    to show each row on one line.
+    """
     width = max(len("run"), *(len(name) for name in results))
-    header = f"{'run':<{width}}" + "".join(f"{h:>10}" for h, _, _ in _COLUMNS)
+    header = f"{'run':<{width}}" + "".join(f"{h:>9}" for h, _, _ in _COLUMNS)
     lines = [header, "-" * len(header)]
     for name, result in results.items():
         summary = result.summary
-        cells = "".join(f"{fmt.format(summary[key]):>10}" for _, key, fmt in _COLUMNS)
+        cells = "".join(f"{fmt.format(summary[key]):>9}" for _, key, fmt in _COLUMNS)
         lines.append(f"{name:<{width}}" + cells)
     return "\n".join(lines)

@@ -1,12 +1,18 @@
-"""Lab 04's figures of a replay: who ran when, the load over time, the policies compared.
+"""Lab 04's figures: who ran when, who waited, knob sweeps, what a step costs, the budget.
 
-    timeline_figure    per request: waiting / prefill / decode / swapped, one row per request
-    load_figure        running and waiting requests, and KV usage, over time
+    timeline_figure    per request: waiting / prefill / decode / swapped, one row per request,
+                       with a mark where a request was preempted and where it recomputed
+    queue_figure       requests running and waiting against the seats, one row per run
     comparison_figure  TTFT p99, E2E p50/p99, tokens/s and mean batch size per policy
+    sweep_figure       summary numbers against a knob (batch_timeout, watermark), one line
+                       per sweep
+    step_cost_figure   what a step costs against the tokens it computes, the ridge marked
+    budget_figure      the token budget's trade-off: decodes' longest gap against TTFT
     panel_figure       the batching panel's view of one replay (timeline and load)
     time_axis_px       where a moment of a panel figure's time axis falls in its PNG
 
-Every figure is a plotly ``go.Figure`` built from ``kvlab.measure.replay.ReplayResult``s.
+Every figure is a plotly ``go.Figure`` built from ``kvlab.measure.replay.ReplayResult``s
+(``step_cost_figure`` from cost models, ``kvlab.engine.step_cost``).
 Not handled: live updates (the panel redraws a new figure for each replay).
 """
 
@@ -17,6 +23,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from kvlab.engine.step_cost import StepWork
 from kvlab.measure.replay import STATES, ReplayResult
 from kvlab.widgets.static_figures import SIZE
 
@@ -27,6 +34,9 @@ STATE_COLORS = {
     "swapped": "#a77fc2",
 }
 POLICY_COLORS = {"static": "#5b6b8c", "dynamic": "#f0a73a", "continuous": "#2e9e5b"}
+PREEMPTED_COLOR = "#c0392b"
+SEATS_COLOR = "#111111"
+SWEEP_COLORS = ("#2b5d8c", "#f0a73a", "#7a4f9e", "#2e9e5b")
 PANEL_MARGIN = (60, 20)  # panel_figure's left and right margins, px
 
 
@@ -92,8 +102,67 @@ def add_timeline(
     )
 
 
+def add_preemptions(
+    fig: go.Figure, result: ReplayResult, row: int = 1, in_legend: set[str] | None = None
+) -> None:
+    """Mark in ``fig``'s ``row`` where each request was preempted (a cross, when the step
+    that took its blocks began) and where it computed its tokens again (a diamond on each
+    prefill after a preemption: a recompute).
+
+    On a clock where every step lasts the same, a recompute is one step long: a sliver of
+    a bar, which a mark makes visible. Nothing is drawn for a run without preemptions.
+    """
+    in_legend = set() if in_legend is None else in_legend
+    labels = _request_labels(result)
+    preemptions = _preemptions(result)
+    crosses = [(t, labels[i]) for t, i in preemptions]
+    diamonds = [
+        (s.start, labels[s.request])
+        for s in result.timeline()
+        if s.state == "prefill" and any(i == s.request and t <= s.start for t, i in preemptions)
+    ]
+    marks = (
+        ("preempted", crosses, dict(symbol="x", size=9, color=PREEMPTED_COLOR)),
+        (
+            "recomputed",
+            diamonds,
+            dict(symbol="diamond", size=9, color=STATE_COLORS["prefill"], line_width=1),
+        ),
+    )
+    for name, points, marker in marks:
+        if not points:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[t for t, _ in points],
+                y=[label for _, label in points],
+                mode="markers",
+                marker=marker,
+                name=name,
+                legendgroup=name,
+                showlegend=name not in in_legend,
+                hovertemplate=f"%{{y}} {name} at %{{x:.3f}} s<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
+        in_legend.add(name)
+
+
+def _preemptions(result: ReplayResult) -> list[tuple[float, int]]:
+    """``(time, request index)`` of every preemption: when the step that took its blocks
+    began."""
+    index = {o.request_id: i for i, o in enumerate(result.outputs)}
+    return [
+        (start, index[r])
+        for step, start in zip(result.metrics.steps, result.step_starts(), strict=True)
+        for r in step.preempted
+        if r in index
+    ]
+
+
 def timeline_figure(results: dict[str, ReplayResult], title: str = "") -> go.Figure:
-    """One timeline per run, stacked, on one time axis."""
+    """One timeline per run, stacked, on one time axis; preemptions and recomputes marked."""
     num_requests = max(len(r.outputs) for r in results.values())
     fig = make_subplots(
         rows=len(results),
@@ -105,6 +174,7 @@ def timeline_figure(results: dict[str, ReplayResult], title: str = "") -> go.Fig
     in_legend: set[str] = set()
     for row, result in enumerate(results.values(), start=1):
         add_timeline(fig, result, row=row, in_legend=in_legend)
+        add_preemptions(fig, result, row=row, in_legend=in_legend)
     fig.update_layout(
         barmode="overlay",
         title=title or "Who runs when (simulated clock)",
@@ -117,42 +187,81 @@ def timeline_figure(results: dict[str, ReplayResult], title: str = "") -> go.Fig
     return fig
 
 
-def load_figure(results: dict[str, ReplayResult], title: str = "") -> go.Figure:
-    """Running and waiting requests and KV usage after every step, one line per run."""
+def counts_over_time(result: ReplayResult) -> tuple[list[float], list[int], list[int]]:
+    """``(times, running, waiting)``: from each time on, how many requests were computed
+    (prefill or decode) and how many had arrived but were not (waiting or swapped).
+
+    Counted from ``ReplayResult.timeline()``, not from the steps, so the time before a
+    batch starts, when no step runs (dynamic batching's wait), is counted too.
+    """
+    segments = result.timeline()
+    times = sorted({s.start for s in segments} | {s.end for s in segments})
+    running, waiting = [], []
+    for start, end in zip(times, times[1:], strict=False):
+        middle = (start + end) / 2
+        states = [s.state for s in segments if s.start <= middle < s.end]
+        running.append(sum(state in ("prefill", "decode") for state in states))
+        waiting.append(sum(state in ("waiting", "swapped") for state in states))
+    return times, running + [0], waiting + [0]
+
+
+def queue_figure(
+    results: dict[str, ReplayResult], max_num_seqs: int | None = None, title: str = ""
+) -> go.Figure:
+    """Requests running (green) and waiting (grey, stacked on top) over time, one row per
+    run, under a line at ``max_num_seqs``: grey below the line is a seat left empty while
+    a request waits."""
     fig = make_subplots(
-        rows=3,
+        rows=len(results),
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.07,
-        subplot_titles=("requests running", "requests waiting", "KV usage (% of blocks held)"),
+        vertical_spacing=0.08,
+        subplot_titles=list(results),
     )
-    for name, result in results.items():
-        steps = result.metrics.steps
-        times = [s.time for s in steps]
-        color = POLICY_COLORS.get(name)
-        rows = (
-            [s.num_running for s in steps],
-            [s.num_waiting for s in steps],
-            [100 * s.kv_usage for s in steps],
+    for row, result in enumerate(results.values(), start=1):
+        times, running, waiting = counts_over_time(result)
+        total = [r + w for r, w in zip(running, waiting, strict=True)]
+        stacks = (
+            ("running", running, "tozeroy", STATE_COLORS["decode"], running),
+            ("waiting", total, "tonexty", STATE_COLORS["waiting"], waiting),
         )
-        for row, values in enumerate(rows, start=1):
+        for name, values, fill, color, shown in stacks:
             fig.add_scatter(
                 x=times,
                 y=values,
+                customdata=shown,
                 mode="lines",
-                line=dict(shape="hv", color=color),
+                line=dict(shape="hv", color=color, width=1),
+                fill=fill,
+                fillcolor=color,
                 name=name,
                 legendgroup=name,
                 showlegend=row == 1,
+                hovertemplate=f"%{{customdata}} {name} from %{{x:.3f}} s<extra></extra>",
                 row=row,
                 col=1,
             )
+        if max_num_seqs is not None:
+            fig.add_scatter(
+                x=[times[0], times[-1]],
+                y=[max_num_seqs] * 2,
+                mode="lines",
+                line=dict(color=SEATS_COLOR, dash="dash", width=1.5),
+                name=f"seats (max_num_seqs = {max_num_seqs})",
+                legendgroup="seats",
+                showlegend=row == 1,
+                hoverinfo="skip",
+                row=row,
+                col=1,
+            )
+        fig.update_yaxes(title_text="requests", rangemode="tozero", row=row, col=1)
     fig.update_layout(
-        title=title or "Queue depth and KV usage over time",
-        height=520,
-        margin=dict(t=70, b=40, l=60, r=20),
+        title=title or "Requests running and waiting over time",
+        height=120 + 150 * len(results),
+        margin=dict(t=70, b=90, l=60, r=20),
+        legend=dict(orientation="h", y=0.01, yanchor="bottom", yref="container", x=0),
     )
-    fig.update_xaxes(title_text="time (s)", row=3, col=1)
+    fig.update_xaxes(title_text="time (s)", row=len(results), col=1)
     return fig
 
 
@@ -186,6 +295,180 @@ def comparison_figure(results: dict[str, ReplayResult], title: str = "") -> go.F
         height=360,
         margin=dict(t=100, b=40, l=50, r=20),
         legend=dict(orientation="h", y=-0.15),
+    )
+    return fig
+
+
+def sweep_figure(
+    sweeps: dict[str, dict[float, ReplayResult]],
+    metrics: dict[str, str],
+    x_title: str,
+    references: dict[str, ReplayResult] | None = None,
+    title: str = "",
+) -> go.Figure:
+    """Summary numbers against a knob: one panel per metric, one line per sweep.
+
+    Args:
+        sweeps: a sweep's name -> {the knob's value -> the replay at that value}.
+        metrics: a ``ReplayResult.summary`` key -> its panel's title (with its unit).
+        x_title: the knob, with its unit.
+        references: a sweep's name -> a continuous-batching run (which has no such knob),
+            drawn as a dotted level line in the sweep's colour, labelled "continuous, name".
+        title: what the figure shows.
+    """
+    references = references or {}
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=list(metrics.values()))
+    for (name, runs), color in zip(sweeps.items(), SWEEP_COLORS, strict=False):
+        knob = list(runs)
+        for col, key in enumerate(metrics, start=1):
+            fig.add_scatter(
+                x=knob,
+                y=[run.summary[key] for run in runs.values()],
+                mode="lines+markers",
+                line_color=color,
+                name=name,
+                legendgroup=name,
+                showlegend=col == 1,
+                row=1,
+                col=col,
+            )
+            if name in references:
+                fig.add_scatter(
+                    x=[min(knob), max(knob)],
+                    y=[references[name].summary[key]] * 2,
+                    mode="lines",
+                    line=dict(color=color, dash="dot"),
+                    name=f"continuous, {name}",
+                    legendgroup=f"reference {name}",
+                    showlegend=col == 1,
+                    row=1,
+                    col=col,
+                )
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_xaxes(title_text=x_title)
+    fig.update_layout(
+        title=title,
+        height=400,
+        margin=dict(t=80, b=40, l=50, r=20),
+        legend=dict(orientation="h", y=-0.25),
+    )
+    return fig
+
+
+def step_work(num_tokens: int) -> StepWork:
+    """One step that computes a prompt of ``num_tokens`` tokens from its start."""
+    pairs = num_tokens * (num_tokens + 1) // 2
+    return StepWork(
+        num_prefill_tokens=num_tokens, num_context_tokens=num_tokens, num_attention_pairs=pairs
+    )
+
+
+def ridge_tokens(cost, max_tokens: int = 1024) -> int | None:
+    """Where a step stops costing the same and starts growing with its tokens: the first
+    token count whose next token costs more than half of what a token costs at
+    ``max_tokens``; None when the cost grows from the first token (no flat part)."""
+
+    def extra(n: int) -> float:
+        return cost.seconds(step_work(n + 1)) - cost.seconds(step_work(n))
+
+    steep = extra(max_tokens) / 2
+    ridge = next((n for n in range(1, max_tokens + 1) if extra(n) > steep), None)
+    return None if ridge is None or ridge <= 1 else ridge
+
+
+def step_cost_figure(
+    costs: dict[str, object], max_tokens: int = 1024, title: str = ""
+) -> go.Figure:
+    """What one step costs against the tokens it computes (one prompt, computed whole),
+    one panel per cost model (``Roofline``, ``LinearCost``), the ridge marked where the
+    step stops costing the same."""
+    fig = make_subplots(rows=1, cols=len(costs), subplot_titles=list(costs))
+    tokens = [1, *range(16, max_tokens + 1, 16)]
+    for col, cost in enumerate(costs.values(), start=1):
+        ms = [1e3 * cost.seconds(step_work(n)) for n in tokens]
+        fig.add_scatter(
+            x=tokens,
+            y=ms,
+            mode="lines",
+            line=dict(color="#2b5d8c", width=2),
+            name="step time",
+            showlegend=False,
+            hovertemplate="%{x} tokens: %{y:.2f} ms<extra></extra>",
+            row=1,
+            col=col,
+        )
+        ridge = ridge_tokens(cost, max_tokens)
+        if ridge is not None:
+            fig.add_vline(
+                x=ridge, line=dict(color=SEATS_COLOR, dash="dash", width=1), row=1, col=col
+            )
+            fig.add_annotation(
+                x=ridge,
+                y=1e3 * cost.seconds(step_work(1)),
+                text=f"ridge: {ridge} tokens",
+                showarrow=False,
+                xanchor="left",
+                yanchor="bottom",
+                xshift=4,
+                row=1,
+                col=col,
+            )
+        fig.update_yaxes(title_text="step time (ms)", rangemode="tozero", row=1, col=col)
+        fig.update_xaxes(title_text="tokens computed in the step", row=1, col=col)
+    fig.update_layout(
+        title=title or "What a step costs against the tokens it computes",
+        height=380,
+        margin=dict(t=80, b=50, l=60, r=20),
+        showlegend=False,
+    )
+    return fig
+
+
+def budget_figure(
+    runs: dict[int, ReplayResult],
+    decoding,
+    prompts,
+    decode_step_s: float | None = None,
+    title: str = "",
+) -> go.Figure:
+    """The token budget's trade-off, one point per budget: the long ``prompts``' mean time
+    to first token (x) against the ``decoding`` requests' longest gap between two tokens
+    (y); both are request indices. ``decode_step_s``, when given, is drawn as a dotted
+    level: the gap when no prompt shares the decodes' step."""
+    budgets = list(runs)
+    ttft = [1e3 * runs[b].mean_ttft(prompts) for b in budgets]
+    gap = [1e3 * runs[b].longest_token_gap(decoding) for b in budgets]
+    fig = go.Figure()
+    fig.add_scatter(
+        x=ttft,
+        y=gap,
+        mode="lines+markers+text",
+        text=[f"budget {b}" for b in budgets],
+        textposition="top center",
+        line=dict(color="#2b5d8c"),
+        marker=dict(size=9),
+        name="one point per token budget",
+        hovertemplate="%{text}: TTFT %{x:.1f} ms, longest gap %{y:.1f} ms<extra></extra>",
+    )
+    if decode_step_s is not None:
+        fig.add_scatter(
+            x=[min(ttft), max(ttft)],
+            y=[1e3 * decode_step_s] * 2,
+            mode="lines",
+            line=dict(color=SEATS_COLOR, dash="dot", width=1),
+            name="a decode step with no prompt beside it",
+            hoverinfo="skip",
+        )
+    # Room on the right for the last point's label.
+    fig.update_xaxes(
+        title_text="long prompts' time to first token, mean (ms)", range=[0, 1.12 * max(ttft)]
+    )
+    fig.update_yaxes(title_text="decodes' longest gap between tokens (ms)", rangemode="tozero")
+    fig.update_layout(
+        title=title or "The token budget trades the decodes' stall for the prompts' TTFT",
+        height=420,
+        margin=dict(t=70, b=50, l=60, r=20),
+        legend=dict(orientation="h", y=-0.2),
     )
     return fig
 
