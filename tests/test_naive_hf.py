@@ -21,6 +21,8 @@ from kvlab.measure.naive_hf import (
     cache_layer_shapes,
     decode_with_cache,
     memory_breakdown,
+    no_cache_seconds,
+    positions_computed,
     time_weight_reads,
     time_without_cache,
     weight_bytes,
@@ -120,6 +122,25 @@ def test_time_without_cache_reports_the_median(tiny, monkeypatch):
     monkeypatch.setattr(naive_hf, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
     [step] = time_without_cache(tiny, [5, 6, 7, 8], [3], repeats=3)
     assert step.seconds == pytest.approx(0.3)
+
+
+def test_positions_computed_by_hand():
+    # A 4-token prompt, 3 new tokens: with a cache 4, then +1, +1; without, 4, then +5, +6.
+    assert positions_computed(4, 3) == ([4, 5, 6], [4, 9, 15])
+    with_cache, without_cache = positions_computed(41, 96)
+    assert (with_cache[-1], without_cache[-1]) == (136, 8496)  # lab 01's run
+    with pytest.raises(ValueError, match="prompt"):
+        positions_computed(0, 3)
+
+
+def test_no_cache_seconds_interpolates_between_timed_steps():
+    steps = [
+        naive_hf.NoCacheStep(20, 0.3, 7),
+        naive_hf.NoCacheStep(10, 0.1, 5),  # in any order
+    ]
+    assert no_cache_seconds(steps, [10, 15, 20]) == pytest.approx([0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="outside the timed 10..20"):
+        no_cache_seconds(steps, [21])
 
 
 def test_padded_batch_account_matches_the_cache(tiny):

@@ -10,6 +10,8 @@ step. This module measures what that costs, always from the real tensors:
   over every weight matrix and nothing else, what any step must at least pay. All three
   repeat their runs and report medians: one run of a step on a shared machine can take
   several times its usual time.
+- ``positions_computed`` and ``no_cache_seconds``: the whole run, with and without a cache,
+  as work (token positions through the model) and as time, after every generated token.
 - ``cache_bytes`` and ``cache_layer_shapes``: open a ``DynamicCache`` and count its bytes.
 - ``memory_breakdown``: weights against KV cache against activations, for serving a batch.
 
@@ -22,11 +24,13 @@ measured on the device (``activation_bytes`` is an estimate from the model's sha
 from __future__ import annotations
 
 import inspect
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -188,6 +192,34 @@ def time_weight_reads(model, repeats: int = 3) -> float:
             matrix @ vector  # (rows, cols) @ (cols,)
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
+
+
+def positions_computed(num_prompt_tokens: int, num_new_tokens: int) -> tuple[list[int], list[int]]:
+    """Token positions run through the model so far, after each generated token.
+
+    Returns ``(with_cache, without_cache)``, one running total per generated token. With a
+    cache the prefill runs the prompt once and every later step one token; without one,
+    the step that produces token ``k`` runs all ``num_prompt_tokens + k`` tokens before it.
+    """
+    if num_prompt_tokens <= 0 or num_new_tokens <= 0:
+        raise ValueError(f"need a prompt and new tokens, got {num_prompt_tokens}, {num_new_tokens}")
+    with_cache = [num_prompt_tokens + k for k in range(num_new_tokens)]
+    without_cache = list(itertools.accumulate(num_prompt_tokens + k for k in range(num_new_tokens)))
+    return with_cache, without_cache
+
+
+def no_cache_seconds(steps: Sequence[NoCacheStep], context_lens: Sequence[int]) -> list[float]:
+    """Seconds of a no-cache step at each of ``context_lens``, from the timed ``steps``.
+
+    A no-cache step's time grows about linearly with its context, so the lengths that were
+    not timed are interpolated along a straight line between the nearest timed ones.
+    """
+    timed = sorted(steps, key=lambda step: step.context_len)
+    lens = [step.context_len for step in timed]
+    for length in context_lens:
+        if not lens[0] <= length <= lens[-1]:
+            raise ValueError(f"context length {length} outside the timed {lens[0]}..{lens[-1]}")
+    return [float(s) for s in np.interp(context_lens, lens, [step.seconds for step in timed])]
 
 
 # --- Inside a DynamicCache ---------------------------------------------------------------
