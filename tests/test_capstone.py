@@ -1,7 +1,8 @@
 """The capstone's measurements against their oracles: both KV caches give the tokens of
 Hugging Face's one-at-a-time ``generate``; a contiguous budget of N reservations runs at
 most N requests at once while a paged one runs them all; the padded-batch memory count
-equals the positions of the real ``DynamicCache``.
+equals the positions of the real ``DynamicCache``; transformers' continuous batching gives
+the same tokens, and the steps read from its timestamps are the steps it ran.
 """
 
 from __future__ import annotations
@@ -9,9 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvlab.engine.step_cost import LinearCost
 from kvlab.measure import capstone
 from kvlab.measure.bench import make_workload, mismatches, run_hf_one_at_a_time
-from kvlab.measure.capstone import hf_peak_kv_slots, run_engine, time_weight_matmuls
+from kvlab.measure.capstone import (
+    clock_split,
+    hf_peak_kv_slots,
+    run_engine,
+    run_generate_batch,
+    steps_from_timestamps,
+    time_weight_matmuls,
+)
 from kvlab.measure.padded_batch import left_pad
 from kvlab.model.linear import fused_weights
 
@@ -50,6 +59,9 @@ def test_both_caches_match_hf_one_at_a_time(tiny, workload, kv_cache):
     durations = run.step_seconds()
     assert len(durations) == run.num_steps - 1
     assert all(n >= 1 and seconds >= 0 for n, seconds in durations)
+    decodes = run.decode_step_seconds()
+    assert 0 < len(decodes) <= len(durations)
+    assert all(1 <= n <= 8 and seconds >= 0 for n, seconds in decodes)
 
 
 def test_contiguous_reservations_cap_concurrency_paged_does_not(tiny, workload):
@@ -66,6 +78,18 @@ def test_contiguous_reservations_cap_concurrency_paged_does_not(tiny, workload):
     assert contiguous.num_steps > paged.num_steps
     assert contiguous.result.outputs == paged.result.outputs
     assert contiguous.result.kv_utilization < paged.result.kv_utilization
+
+
+def test_clock_split_prices_steps_prompt_tokens_and_decodes(tiny, workload):
+    run = run_engine(tiny, workload, num_blocks=32, block_size=BLOCK_SIZE, max_num_seqs=8)
+    prompt_tokens = sum(len(p) for p in workload.prompts)
+    decodes = workload.num_output_tokens - len(workload.prompts)  # the first token ends a prefill
+    cost = LinearCost(base=0.5, per_prefill_token=0.01, per_decode_seq=0.1, per_context_token=0.0)
+    row = clock_split([run], cost).splitlines()[1].split()
+    assert row[:2] == ["kvlab-paged", str(run.num_steps)]
+    assert row[2] == f"{0.5 * run.num_steps:.2f}s"
+    assert row[3:6] == [str(prompt_tokens), "->", f"{0.01 * prompt_tokens:.2f}s"]
+    assert row[6:9] == [str(decodes), "->", f"{0.1 * decodes:.2f}s"]
 
 
 def test_hf_peak_kv_slots_counts_the_dynamic_cache(tiny, workload):
@@ -148,3 +172,45 @@ def test_both_ways_of_holding_the_weights_compute_the_same_products(tiny, num_ro
 def test_time_weight_matmuls_refuses_no_rows(tiny):
     with pytest.raises(ValueError, match="num_rows"):
         time_weight_matmuls(tiny, 0)
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "max_num_seqs", "waves"),
+    [(32, 8, 1), (8, 2, 3)],  # room for all six at once; two seats: three waves of two
+)
+def test_generate_batch_matches_and_reports_what_it_batched(
+    tiny, workload, num_blocks, max_num_seqs, waves
+):
+    run = run_generate_batch(
+        tiny,
+        workload,
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=512,
+    )
+    assert mismatches([run.result], run_hf_one_at_a_time(tiny, workload)) == []
+    assert run.result.name == "hf-generate-batch"
+    assert sum(run.step_sizes) == workload.num_output_tokens
+    assert run.peak_running == min(max_num_seqs, len(workload.prompts))
+    assert run.num_steps == waves * max(workload.output_lens)  # every output is 12 tokens
+    assert run.result.note == f"up to {run.peak_running} at once"
+
+
+def test_steps_from_timestamps_groups_the_tokens_of_one_step():
+    # Three requests: r0 and r1 from the first step (0.0 s), r2 joins in the third; a step
+    # lasts about 0.1 s and hands out its tokens microseconds apart.
+    stamps = [
+        [0.000, 0.100, 0.200],
+        [0.00001, 0.10001],
+        [0.20002, 0.30001],
+    ]
+    assert steps_from_timestamps(stamps) == (2, 2, 2, 1)
+    assert steps_from_timestamps([]) == ()
+    assert steps_from_timestamps([[0.5]]) == (1,)
+
+
+def test_steps_from_timestamps_never_gives_one_request_two_tokens_in_a_step():
+    # Steps far apart for one request but close for the whole run: the second token of
+    # r0 starts a new step even though the gap is under the threshold.
+    assert steps_from_timestamps([[0.0, 0.001], [0.0005]], fraction=10.0) == (2, 1)

@@ -8,20 +8,28 @@ the capstone needs beside them:
   ``"contiguous"``), reporting what the engine measured besides time: the most requests
   that ran at once, the peak share of the KV pool held, and how much of the held memory
   held tokens (KV utilization);
+* ``run_generate_batch``: the workload through transformers' own continuous batching
+  (``generate_batch``'s manager), sized like kvlab, reporting what it batched: how many
+  requests received a token in each step, read from transformers' per-token timestamps;
 * ``hf_peak_kv_slots``: the KV cache positions Hugging Face's ``generate`` holds at its
   fullest, for the same workload run one at a time or in padded batches, so its memory can
   be set against a KV budget it does not itself enforce;
+* ``clock_split``: each engine run's time split by a step-cost clock (``kvlab.engine.step_cost``)
+  into its steps and its tokens, beside the time measured;
 * ``time_weight_matmuls``: one pass of a batch of rows through every weight matrix, as
   transformers' modules hold them and as kvlab's runner does (``kvlab.model.linear``):
   the part of a step that differs between the two when they run the same batches.
 
     workload --> hf-one-at-a-time  (bench)     tokens, seconds, KV util
              --> hf-static-padded  (bench)     tokens, seconds, KV util
-             --> run_engine(contiguous)        + peak running, peak KV share
-             --> run_engine(paged)             + peak running, peak KV share
+             --> run_generate_batch            + requests per step
+             --> run_engine(contiguous)        + every step, peak KV share
+             --> run_engine(paged)             + every step, peak KV share
 
 Not handled: sampling (greedy only, like ``kvlab.measure.bench``), latency targets (the
-PagedAttention paper compares throughput at equal latency), GPU timing.
+PagedAttention paper compares throughput at equal latency), GPU timing, steps of
+``generate_batch`` that produce no token (a prefill chunk that does not end its prompt:
+its timestamps cannot show them).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ import torch
 
 from kvlab.engine.metrics import StepStats
 from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.step_cost import LinearCost
+from kvlab.measure.hf_baselines import generate_batch
 from kvlab.measure.workload import Result, Workload
 from kvlab.model.linear import fused_weights
 
@@ -69,6 +79,15 @@ class EngineRun:
         return [
             (step.num_scheduled, step.time - before.time)
             for before, step in zip(self.steps, self.steps[1:], strict=False)
+        ]
+
+    def decode_step_seconds(self) -> list[tuple[int, float]]:
+        """``(sequences decoded, wall seconds)`` of every step after the first that computed
+        no prompt token: the steps whose cost depends on their width alone."""
+        return [
+            (step.num_decode_tokens, step.time - before.time)
+            for before, step in zip(self.steps, self.steps[1:], strict=False)
+            if step.num_prefill_tokens == 0
         ]
 
 
@@ -134,6 +153,115 @@ def run_engine(
         kv_usage_peak=summary["kv_usage_peak"],
         num_preemptions=metrics.num_preemptions,
     )
+
+
+def clock_split(runs: list[EngineRun], cost: LinearCost) -> str:
+    """A table: each run's steps, prompt tokens and decodes, each times its price on ``cost``,
+    their sum (what the clock says the run takes) and the seconds the run measured.
+
+    Two runs that computed the same tokens differ on the clock only in their steps. The
+    price per context token read (under a millisecond a step for SmolLM2) is left out.
+    """
+    lines = [
+        f"{'':18}{'steps':>6}{'x base':>8}{'prefill tokens':>20}{'decodes':>15}"
+        f"{'clock':>8}{'measured':>10}"
+    ]
+    for run in runs:
+        prefill = sum(step.num_prefill_tokens for step in run.steps)
+        decodes = sum(step.num_decode_tokens for step in run.steps)
+        parts = [
+            cost.base * run.num_steps,
+            cost.per_prefill_token * prefill,
+            cost.per_decode_seq * decodes,
+        ]
+        lines.append(
+            f"{run.result.name:18}{run.num_steps:>6}{parts[0]:>7.2f}s{prefill:>12} ->"
+            f"{parts[1]:>5.2f}s{decodes:>7} ->{parts[2]:>5.2f}s{sum(parts):>7.2f}s"
+            f"{run.result.seconds:>9.2f}s"
+        )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class BatchedRun:
+    """One workload through transformers' continuous batching (``generate_batch``'s manager).
+
+    Attributes:
+        result: name, seconds and output tokens, as ``kvlab.measure.bench`` reports every
+            method (its KV utilization is not measured: ``None``).
+        step_sizes: how many requests received a token in each step that produced one, in
+            order.
+    """
+
+    result: Result
+    step_sizes: tuple[int, ...]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_sizes)
+
+    @property
+    def peak_running(self) -> int:
+        """The most requests that received a token in one step."""
+        return max(self.step_sizes)
+
+
+def run_generate_batch(
+    model,
+    workload: Workload,
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> BatchedRun:
+    """Generate the workload greedily (EOS ignored) with transformers' continuous batching,
+    sized like kvlab: the same KV blocks of ``block_size`` tokens, seats and token budget.
+
+    The same run as ``kvlab.measure.hf_baselines.run_hf_generate_batch``, with every token's
+    time recorded (transformers' ``record_timestamps``), so that ``steps_from_timestamps``
+    can say how many requests each step batched.
+    """
+    seconds, outputs = generate_batch(
+        model,
+        workload,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        record_timestamps=True,
+    )
+    sizes = steps_from_timestamps([o.timestamps for o in outputs])
+    tokens = [list(o.generated_tokens) for o in outputs]
+    note = f"up to {max(sizes, default=0)} at once"
+    return BatchedRun(Result("hf-generate-batch", seconds, tokens, None, note), sizes)
+
+
+def steps_from_timestamps(timestamps: list[list[float]], fraction: float = 0.25) -> tuple[int, ...]:
+    """Requests that received a token in each step, from each request's token times.
+
+    A step hands out its tokens in one pass over its requests, microseconds apart; the next
+    step's come a whole step later. So sorted together, the times fall in clusters: a new
+    step starts where the gap exceeds ``fraction`` of the median time between one
+    request's tokens (about one step), or where a request would get a second token.
+
+    Args:
+        timestamps: per request, the time of each of its tokens (seconds, increasing).
+        fraction: of the median inter-token time, the gap that separates two steps.
+    """
+    stamps = sorted((t, r) for r, times in enumerate(timestamps) for t in times)
+    if not stamps:
+        return ()
+    intervals = [b - a for times in timestamps for a, b in zip(times, times[1:], strict=False)]
+    gap = fraction * statistics.median(intervals) if intervals else float("inf")
+    sizes, current, last = [], set(), stamps[0][0]
+    for moment, request in stamps:
+        if moment - last > gap or request in current:
+            sizes.append(len(current))
+            current = set()
+        current.add(request)
+        last = moment
+    return (*sizes, len(current))
 
 
 def hf_peak_kv_slots(workload: Workload, batch_size: int) -> int:

@@ -81,6 +81,34 @@ def run_hf_generate_batch(
 ) -> Result:
     """transformers' continuous batching (``generate_batch``'s manager), sized like kvlab:
     the same KV blocks of ``block_size`` tokens, seats and token budget per step."""
+    seconds, finished = generate_batch(
+        model,
+        workload,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    return Result("hf-generate-batch", seconds, [list(o.generated_tokens) for o in finished])
+
+
+def generate_batch(
+    model,
+    workload: Workload,
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    record_timestamps: bool = False,
+) -> tuple[float, list]:
+    """Run the workload through transformers' continuous batching, sized like kvlab.
+
+    Returns:
+        the seconds it took, and each request's finished output as transformers gives it
+        (``generated_tokens``; ``timestamps`` of every token with ``record_timestamps``),
+        in the workload's order.
+    """
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = _hf_config(GenerationConfig, max(workload.output_lens))
@@ -97,7 +125,8 @@ def run_hf_generate_batch(
         max_batch_tokens=max_num_batched_tokens,
         max_requests_per_batch=max_num_seqs,
     )
-    results = {}
+    options = {"record_timestamps": True} if record_timestamps else {}
+    finished = {}
     start = time.perf_counter()
     with model.continuous_batching_context_manager(
         generation_config=config, continuous_batching_config=cb_config, warmup=False
@@ -105,16 +134,15 @@ def run_hf_generate_batch(
         for i, (prompt, num_new) in enumerate(
             zip(workload.prompts, workload.output_lens, strict=True)
         ):
-            manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=num_new)
-        while len(results) < len(workload.prompts):
+            manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=num_new, **options)
+        while len(finished) < len(workload.prompts):
             result = manager.get_result(timeout=1)
             if result is not None and result.is_finished():
-                results[result.request_id] = list(result.generated_tokens)
+                finished[result.request_id] = result
             elif result is None and not manager.is_running():
                 raise RuntimeError("transformers' continuous batching thread stopped")
         seconds = time.perf_counter() - start  # before the manager's shutdown
-    outputs = [results[f"r{i}"] for i in range(len(workload.prompts))]
-    return Result("hf-generate-batch", seconds, outputs)
+    return seconds, [finished[f"r{i}"] for i in range(len(workload.prompts))]
 
 
 def _hf_config(generation_config_cls, max_new_tokens: int):
