@@ -83,6 +83,9 @@ def test_walk_has_one_frame_per_step_of_the_slowest_grid_and_a_last_one():
     subtitles = [a.text for a in frames[2].layout.annotations]
     assert subtitles == ["1 split: step 3 of 3", "2 splits: every program done after 2 steps"]
     assert frames[-1].layout.xaxis2.title.text == "physical block id"
+    key = frames[0].layout.title.subtitle.text  # what grey and the outline mean
+    assert "grey: not read yet" in key and "black outline: read at this step" in key
+    assert all(f.layout.title.subtitle.text == key for f in frames)
     assert {trace.y[0] for trace in frames[0].data} == {"seq 0 · KV head 0 · split 0"}
 
 

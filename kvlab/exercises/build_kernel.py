@@ -90,9 +90,9 @@ MISCONCEPTIONS = {
     "stride_bt_seq, HEAD_DIM, BLOCK_SIZE): no size typed in",
 }
 HINTS = (
-    "Section 3's kernel has everything one block needs: the block-table load, in_seq, the "
+    "Section 3.2's kernel has everything one block needs: the block-table load, in_seq, the "
     "offsets, the masked loads of k and v, the scores. Copy that into the loop, then replace "
-    "its two passes by section 4.2's five lines: m_new, alpha, p, l_i, acc.",
+    "its two passes by section 5's five lines: m_new, alpha, p, l_i, acc.",
     "Scores past seq_len must be -inf before the max: scores = tl.where(in_seq, "
     "tl.sum(k * q[None, :], axis=1) * scale, float('-inf')). m_new = tl.maximum(m_i, "
     "tl.max(scores, axis=0)); alpha = tl.exp(m_i - m_new); p = tl.exp(scores - m_new). "

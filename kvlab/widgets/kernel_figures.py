@@ -30,6 +30,11 @@ BACKGROUND = "#f4f4f4"  # a block no program of the grid reads
 TO_COME = "#d9d9d9"  # a block a program reads at a later step
 NOW_OUTLINE = "#000000"  # the block each program reads at this step
 ROW_PX = 28  # height of one program's row
+# Under the walk's title: what its colours and outlines mean.
+WALK_KEY = (
+    "grey: not read yet · black outline: read at this step · "
+    "sequence colour: read · L0, L1, ...: logical block index"
+)
 
 
 def block_reads_figure(
@@ -63,7 +68,8 @@ def read_walk_frames(
         title: the lesson, above every frame.
 
     At step ``k`` every program reads its ``k``-th block (outlined); the blocks it read
-    before are filled with its sequence's colour, those still to come are grey.
+    before are filled with its sequence's colour, those still to come are grey. A key
+    under the title (``WALK_KEY``) says so.
     """
     steps = {name: _num_steps(reads) for name, (reads, _) in grids.items()}
     return [
@@ -120,9 +126,9 @@ def _walk_figure(grids, num_blocks, title, steps, step) -> go.Figure:
                     col=1,
                 )
     fig.update_layout(
-        title=title,
-        height=150 + ROW_PX * sum(heights) + 40 * len(names),
-        margin=dict(l=10, r=10, t=90, b=50),
+        title=dict(text=title, subtitle=dict(text=WALK_KEY)),
+        height=170 + ROW_PX * sum(heights) + 40 * len(names),
+        margin=dict(l=10, r=10, t=110, b=50),
         plot_bgcolor=BACKGROUND,
     )
     return fig
