@@ -124,8 +124,8 @@ def _gqa_decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     dims = tl.arange(0, HEAD_DIM)
     slots = tl.arange(0, BLOCK_SIZE)
-    # The GROUP query rows that share this KV head: a (GROUP_PAD, HEAD_DIM) tile, padding
-    # rows zero and never stored.
+    # The GROUP query rows that share this KV head, as one (GROUP_PAD, HEAD_DIM) matrix;
+    # padding rows are zero and never stored.
     rows = tl.arange(0, GROUP_PAD)
     row_mask = rows < GROUP
     row_offsets = (seq * NUM_HEADS + kv_head * GROUP + rows)[:, None] * HEAD_DIM + dims[None, :]
