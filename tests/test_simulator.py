@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -18,9 +19,11 @@ from kvlab.engine.metrics import ManualClock
 from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.step_cost import Roofline, StepCostClock, StepWork
 from kvlab.memory import GIB, KVSpec, preset
 from kvlab.sim.memory import LABELS
 from kvlab.sim.paper import PUBLISHED, PUBLISHED_BREAKDOWN, format_comparison
+from kvlab.sim.servers import SERVERS, sustained_rate, sweep
 from kvlab.sim.simulator import A100_40GB, StepLog, kv_budget_bytes, simulate
 from kvlab.sim.trace import make_trace
 
@@ -183,8 +186,19 @@ TINY = KVSpec("tiny", 1, 1, 8, 2, 0, 256)  # 32 bytes per token, no weights
 STEP_SECONDS = 0.025
 
 
-def engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs, watermark):
-    """Replay ``trace`` through LLMEngine.step; one StepLog per step, like the simulator's."""
+def engine_replay(
+    trace,
+    num_slots,
+    allocator,
+    policy,
+    block_size,
+    max_num_seqs,
+    watermark,
+    clock=None,
+    scheduling="continuous",
+):
+    """Replay ``trace`` through LLMEngine.step; one StepLog per step, like the simulator's
+    (its time the engine clock's at the step's end)."""
     if allocator == "paged":
         cache = bookkeeping_cache(
             num_blocks=num_slots // block_size, block_size=block_size, enable_prefix_caching=False
@@ -197,12 +211,13 @@ def engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs,
             max_model_len=TINY.max_model_len,
         )
     config = SchedulerConfig(
+        scheduling=scheduling,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=sum(trace.prompt_lens) + sum(trace.output_lens),  # no chunks
         watermark=watermark,
     )
     runner = ModelFreeRunner(max_model_len=TINY.max_model_len)
-    engine = LLMEngine(runner, cache, config, clock=ManualClock(STEP_SECONDS))
+    engine = LLMEngine(runner, cache, config, clock=clock or ManualClock(STEP_SECONDS))
     for i in range(len(trace)):
         params = SamplingParams(temperature=0, max_tokens=trace.output_lens[i], ignore_eos=True)
         engine.add_request(str(i), [i + 1] * trace.prompt_lens[i], params, trace.arrival_s[i])
@@ -224,6 +239,7 @@ def engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs,
             tuple(sorted(int(r) for r in stats.finished)),
             usage.num_used_slots,
             usage.num_reserved_slots,
+            stats.time,
         )
         for stats, usage in zip(engine.metrics.steps, before_frees, strict=True)
     ]
@@ -244,25 +260,142 @@ CASES = {
 }
 
 
+class PricedWork:
+    """A step cost that charges every field of ``StepWork`` its own price, so that a step
+    whose counts differ in any one field from the engine's lasts another time."""
+
+    def seconds(self, work: StepWork) -> float:
+        return (
+            0.01
+            + 1e-3 * work.num_prefill_tokens
+            + 1e-4 * work.num_decode_seqs
+            + 1e-6 * work.num_context_tokens
+            + 1e-8 * work.num_attention_pairs
+        )
+
+
+def steps_of(log: list[StepLog]) -> list[StepLog]:
+    return [replace(s, finished=tuple(sorted(s.finished))) for s in log]
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_the_fast_path_steps_like_the_engine(case):
+@pytest.mark.parametrize("clock", ["equal steps", "priced steps"])
+def test_the_fast_path_steps_like_the_engine(case, clock):
+    lengths, allocator, policy, num_slots, block_size, max_num_seqs, watermark = CASES[case]
+    trace = make_trace(60, lengths, arrival_rate=40.0, seed=2, max_model_len=TINY.max_model_len)
+    log: list[StepLog] = []
+    cost = PricedWork() if clock == "priced steps" else None
+    result = simulate(
+        trace, TINY, num_slots * TINY.bytes_per_token, allocator, policy or "exact",
+        block_size=block_size, gpu_memory_utilization=1.0, max_num_seqs=max_num_seqs,
+        step_seconds=STEP_SECONDS, watermark=watermark, log=log, step_cost=cost,
+    )  # fmt: skip
+    engine = engine_replay(
+        trace, num_slots, allocator, policy, block_size, max_num_seqs, watermark,
+        clock=StepCostClock(cost) if cost else None,
+    )  # fmt: skip
+    ours = steps_of(log)
+    assert len(ours) == len(engine) == result.num_steps
+    for step, (mine, theirs) in enumerate(zip(ours, engine, strict=True)):
+        assert replace(mine, time=0) == replace(theirs, time=0), f"step {step}"
+        assert mine.time == pytest.approx(theirs.time, rel=1e-9, abs=1e-12), f"step {step}"
+    assert result.sim_seconds == pytest.approx(engine[-1].time, rel=1e-9)
+    if "preempting" in case:
+        assert result.num_preemptions > 0
+    if allocator == "contiguous":
+        assert result.measured_steps < result.num_steps  # requests did wait for memory
+
+
+@pytest.mark.parametrize("case", ["contiguous/max_model_len", "paged, preempting"])
+def test_static_batching_steps_like_the_engines(case):
+    """A batch runs until its last request is done; a preempted member comes back into it."""
     lengths, allocator, policy, num_slots, block_size, max_num_seqs, watermark = CASES[case]
     trace = make_trace(60, lengths, arrival_rate=40.0, seed=2, max_model_len=TINY.max_model_len)
     log: list[StepLog] = []
     result = simulate(
         trace, TINY, num_slots * TINY.bytes_per_token, allocator, policy or "exact",
         block_size=block_size, gpu_memory_utilization=1.0, max_num_seqs=max_num_seqs,
-        step_seconds=STEP_SECONDS, watermark=watermark, log=log,
+        watermark=watermark, log=log, step_cost=PricedWork(), batching="static",
     )  # fmt: skip
-    ours = [
-        StepLog(s.admitted, s.preempted, tuple(sorted(s.finished)), s.used_slots, s.reserved_slots)
-        for s in log
-    ]
-    engine = engine_replay(trace, num_slots, allocator, policy, block_size, max_num_seqs, watermark)
-    assert len(ours) == len(engine) == result.num_steps
-    for step, (mine, theirs) in enumerate(zip(ours, engine, strict=True)):
-        assert mine == theirs, f"step {step}"
+    engine = engine_replay(
+        trace, num_slots, allocator, policy, block_size, max_num_seqs, watermark,
+        clock=StepCostClock(PricedWork()), scheduling="static",
+    )  # fmt: skip
+    assert len(log) == len(engine) == result.num_steps
+    for step, (mine, theirs) in enumerate(zip(steps_of(log), engine, strict=True)):
+        assert replace(mine, time=0) == replace(theirs, time=0), f"step {step}"
+        assert mine.time == pytest.approx(theirs.time, rel=1e-9, abs=1e-12), f"step {step}"
+    continuous = simulate(
+        trace, TINY, num_slots * TINY.bytes_per_token, allocator, policy or "exact",
+        block_size=block_size, gpu_memory_utilization=1.0, max_num_seqs=max_num_seqs,
+        watermark=watermark, step_cost=PricedWork(),
+    )  # fmt: skip
+    assert result.num_steps > continuous.num_steps  # batches wait for their longest member
     if "preempting" in case:
         assert result.num_preemptions > 0
-    if allocator == "contiguous":
-        assert result.measured_steps < result.num_steps  # requests did wait for memory
+
+
+def test_a_priced_step_lasts_what_it_reads():
+    """On an A100's roofline, paged runs more requests at once and each of its steps reads
+    more K/V, so its steps last longer than max-length reservation's: the equal-step clock
+    overstates its lead."""
+    trace = make_trace(400, "sharegpt", arrival_rate=20.0, seed=1)
+    a100 = Roofline.of(LLAMA, "a100-40gb")
+    priced = {
+        allocator: simulate(trace, LLAMA, allocator=allocator, step_cost=a100)
+        for allocator in ("contiguous", "paged")
+    }
+    equal = {
+        allocator: simulate(trace, LLAMA, allocator=allocator)
+        for allocator in ("contiguous", "paged")
+    }
+    per_step = {a: r.sim_seconds / r.num_steps for a, r in priced.items()}
+    assert per_step["paged"] > per_step["contiguous"]
+    lead_priced = priced["paged"].throughput / priced["contiguous"].throughput
+    lead_equal = equal["paged"].throughput / equal["contiguous"].throughput
+    assert 1 < lead_priced < lead_equal
+    for r in priced.values():
+        assert 0 < r.ttft_p50 <= r.ttft_p99 and r.e2e_p50 <= r.e2e_p99
+        assert r.num_output_tokens == sum(trace.output_lens)
+
+
+def test_bad_batching_and_step_cost_are_refused():
+    trace = make_trace(5, seed=0)
+    with pytest.raises(ValueError, match="batching='dynamic' is not allowed"):
+        simulate(trace, LLAMA, batching="dynamic")
+    with pytest.raises(ValueError, match="step_cost=3 is not allowed"):
+        simulate(trace, LLAMA, step_cost=3)
+
+
+# ---- the seed's servers at A100 scale --------------------------------------------------------
+
+
+def test_flat_out_paged_serves_the_most_requests_and_one_at_a_time_the_fewest():
+    runs = sweep([0.5, math.inf], num_requests=60)
+    flat_out = runs[math.inf]
+    rates = [flat_out[name].throughput for name in SERVERS]
+    assert rates == sorted(rates)  # each server in SERVERS beats the one before it
+    assert flat_out["one at a time"].peak_running == 1
+    # At a low rate every server keeps up, and batching only helps the latency.
+    low = runs[0.5]
+    assert sustained_rate(runs, "paged, continuous") == math.inf
+    assert low["paged, continuous"].normalized_latency <= low["one at a time"].normalized_latency
+
+
+def test_a_server_that_falls_behind_is_left_out_of_higher_rates():
+    runs = sweep([0.5, 4.0], num_requests=40, servers=["one at a time"], stop_after=0.01)
+    assert "one at a time" not in runs[4.0]
+    assert sustained_rate(runs, "one at a time", limit=1e-9) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(rates=[1.0], servers=["vllm"]), r"servers=\['vllm'\] are not allowed"),
+        (dict(rates=[0.0]), r"rates=\[0.0\] is not allowed"),
+        (dict(rates=[]), r"rates=\[\] is not allowed"),
+    ],
+)
+def test_a_sweep_refuses_what_it_cannot_replay(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sweep(**kwargs)

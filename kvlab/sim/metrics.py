@@ -15,17 +15,20 @@ figures beside the published ones (``python -m kvlab.sim``). Memory is measured 
 requests wait for it (see ``SimResult``).
 
 ``MemoryMeter`` sums one sample per step (running requests; used, reserved, useful and
-externally fragmented slots) for the time averages ``SimResult`` reports; ``StepLog``
+externally fragmented slots) for the time averages ``SimResult`` reports; ``Latencies``
+keeps each request's first-token and finish times on the replay's clock; ``StepLog``
 records what each step did, for comparing the replay with the engine
 (``tests/test_simulator.py``).
 
-Not handled: compute figures (throughput is requests per simulated second, every step
-lasting ``step_seconds``), per-request latencies (the engine's ``kvlab.engine.metrics``).
+Not handled: per-token times (time per output token, the longest gap between tokens: the
+engine's ``kvlab.engine.metrics`` has them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kvlab.engine.metrics import percentile
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,12 @@ class SimResult:
         fit_at_once: mean running requests in steps where a request was left waiting,
             i.e. how many requests the memory holds at once (None if none ever waited).
         num_preemptions: running requests evicted to free blocks (paged only).
+        num_output_tokens: tokens the requests generated, all of them.
+        ttft_p50, ttft_p99: seconds from a request's arrival to the end of the step that
+            computed its prompt (its first token).
+        e2e_p50, e2e_p99: seconds from arrival to the end of its last step.
+        normalized_latency: the mean over requests of end-to-end seconds per output token
+            (the PagedAttention paper's measure, its Fig. 12).
     """
 
     label: str
@@ -68,11 +77,55 @@ class SimResult:
     peak_running: int
     fit_at_once: float | None
     num_preemptions: int
+    num_output_tokens: int
+    ttft_p50: float
+    ttft_p99: float
+    e2e_p50: float
+    e2e_p99: float
+    normalized_latency: float
 
     @property
     def throughput(self) -> float:
         """Requests finished per simulated second."""
         return self.num_requests / self.sim_seconds if self.sim_seconds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per simulated second."""
+        return self.num_output_tokens / self.sim_seconds if self.sim_seconds else 0.0
+
+
+class Latencies:
+    """Each request's arrival, first-token and finish times on a replay's clock."""
+
+    def __init__(self, trace) -> None:
+        self.arrival = trace.arrival_s
+        self.output_lens = trace.output_lens
+        self.first: dict[int, float] = {}
+        self.finish: dict[int, float] = {}
+
+    def first_token(self, request: int, now: float) -> None:
+        """``request``'s prompt was computed in the step ending at ``now`` (the first time
+        only: a preempted request that recomputes keeps its first token's time)."""
+        self.first.setdefault(request, now)
+
+    def finished(self, request: int, now: float) -> None:
+        self.finish[request] = now
+
+    def summary(self) -> dict:
+        """The ``SimResult`` fields about time, over every finished request."""
+        done = sorted(self.finish)
+        ttft = [self.first[r] - self.arrival[r] for r in done]
+        e2e = [self.finish[r] - self.arrival[r] for r in done]
+        return dict(
+            num_output_tokens=sum(self.output_lens[r] for r in done),
+            ttft_p50=percentile(ttft, 50),
+            ttft_p99=percentile(ttft, 99),
+            e2e_p50=percentile(e2e, 50),
+            e2e_p99=percentile(e2e, 99),
+            normalized_latency=sum(t / self.output_lens[r] for t, r in zip(e2e, done, strict=True))
+            / len(done),
+        )
 
 
 class MemoryMeter:
@@ -108,6 +161,7 @@ class StepLog:
     Attributes:
         admitted, preempted, finished: request indices, in the order it happened.
         used_slots, reserved_slots: memory at the measuring point, before frees.
+        time: the clock when the step ended.
     """
 
     admitted: tuple[int, ...]
@@ -115,3 +169,4 @@ class StepLog:
     finished: tuple[int, ...]
     used_slots: int
     reserved_slots: int
+    time: float

@@ -5,10 +5,11 @@ allocators are the real bookkeeping of kvlab's caches (``BlockManager``,
 ``ContiguousManager``), admitted by the same rule the engine's scheduler uses
 (``KVCacheManager.admit``), so what the simulator measures is what the engine would do.
 
-It is a fast path of ``LLMEngine.step`` under continuous batching with no token budget
-(every prompt is computed in its admission step), recompute preemption and the
-model-free runner: ``tests/test_simulator.py`` checks that both admit, preempt and
-finish the same requests at the same steps, holding the same memory. One step:
+It is a fast path of ``LLMEngine.step`` with no token budget (every prompt is computed in
+its admission step), recompute preemption and the model-free runner, under continuous or
+static batching: ``tests/test_simulator.py`` checks that both admit, preempt and finish the
+same requests at the same steps, holding the same memory, and that their clocks agree.
+One step:
 
     1. arrivals join the waiting queue (Poisson arrivals, see ``kvlab.sim.trace``)
     2. every running request computes the token it sampled last step; a paged request
@@ -17,28 +18,38 @@ finish the same requests at the same steps, holding the same memory. One step:
        of the queue and later recomputes its prompt and the tokens it had sampled)
     3. unless that step preempted, waiting requests are admitted first-come-first-served
        while memory allows (contiguous: its whole reservation fits in a hole; paged: its
-       blocks fit above the watermark, which does not apply when nothing runs)
+       blocks fit above the watermark, which does not apply when nothing runs); static
+       batching admits only when the last batch is done (or a preempted member of the
+       running batch comes back)
     4. memory is measured; requests that sampled their last token finish and free
+    5. the clock moves on: by ``step_seconds`` (every step equally long), or, given a
+       ``step_cost`` (``kvlab.engine.step_cost``: a GPU's ``Roofline``, a ``LinearCost``),
+       by what the step computed and read (``StepWork``), as the engine's
+       ``StepCostClock`` does: a step of 90 running requests with long contexts reads more
+       K/V, and lasts longer, than a step of 10
 
 A request of ``p`` prompt and ``o`` output tokens holds at most ``p + o - 1`` slots: its
 last token is sampled, never computed. Token counts are kept in closed form and blocks
 are taken at scheduled events, so a step costs O(events), not O(running requests).
-Memory is measured in five parts that add up to the KV capacity (``kvlab.sim.metrics``).
+Memory is measured in five parts that add up to the KV capacity (``kvlab.sim.metrics``),
+latency per request (TTFT, end to end) from the same clock.
 
-Not handled: compute time (every step lasts ``step_seconds``), chunked prefill, prefix
-sharing, swapping, activation memory (the KV budget is utilization x memory - weights).
+Not handled: chunked prefill, prefix sharing, swapping, dynamic batching's timeout,
+activation memory (the KV budget is utilization x memory - weights).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from kvlab.engine.step_cost import StepWork
 from kvlab.memory import GIB, KVSpec
 from kvlab.sim.memory import ContiguousMemory, PagedMemory, final_lens
-from kvlab.sim.metrics import MemoryMeter, SimResult, StepLog
+from kvlab.sim.metrics import Latencies, MemoryMeter, SimResult, StepLog
 from kvlab.sim.trace import Trace
 
 ALLOCATORS = ("contiguous", "paged")
+BATCHING = ("continuous", "static")
 A100_40GB = 40 * GIB
 
 
@@ -70,6 +81,8 @@ def simulate(
     step_seconds: float = 0.025,
     watermark: float = 0.01,
     log: list[StepLog] | None = None,
+    step_cost=None,
+    batching: str = "continuous",
 ) -> SimResult:
     """Replay ``trace`` on one device's KV memory and measure how it is used.
 
@@ -83,20 +96,43 @@ def simulate(
         block_size: tokens per block (paged).
         gpu_memory_utilization: the share of device memory the server may use.
         max_num_seqs: at most this many requests run at once.
-        step_seconds: simulated time of one step (arrivals are in seconds).
+        step_seconds: simulated time of every step, on the equal-cost clock (arrivals are
+            in seconds); unused with ``step_cost``.
         watermark: share of blocks a paged admission leaves free for running requests
             (the engine's ``SchedulerConfig.watermark``; 0 while nothing runs).
         log: a list that gets one ``StepLog`` per step, if given.
+        step_cost: prices each step by its ``StepWork`` (``Roofline.of(spec, "a100-40gb")``,
+            a ``LinearCost``); None keeps every step ``step_seconds`` long.
+        batching: ``"continuous"`` or ``"static"`` (a batch runs until its last request
+            is done; only then do waiting requests start).
     """
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
+    if batching not in BATCHING:
+        raise ValueError(f"batching={batching!r} is not allowed: use one of {BATCHING}")
+    if step_cost is not None and not callable(getattr(step_cost, "seconds", None)):
+        raise ValueError(
+            f"step_cost={step_cost!r} is not allowed: use a Roofline, a LinearCost, or an "
+            "object with seconds(StepWork)"
+        )
     num_slots = kv_budget_bytes(spec, gpu_memory_bytes, gpu_memory_utilization)
     num_slots //= spec.bytes_per_token
     if allocator == "paged":
         memory = PagedMemory(trace, num_slots, block_size, watermark)
     else:
         memory = ContiguousMemory(trace, num_slots, reservation_policy, spec.max_model_len)
-    return _Replay(trace, memory, max_num_seqs, step_seconds, log).run()
+    clock = step_cost if step_cost is not None else _EqualSteps(step_seconds)
+    return _Replay(trace, memory, max_num_seqs, clock, batching == "static", log).run()
+
+
+class _EqualSteps:
+    """The equal-cost clock: every step lasts ``step_seconds``, whatever it computes."""
+
+    def __init__(self, step_seconds: float) -> None:
+        self.step_seconds = step_seconds
+
+    def seconds(self, work: StepWork) -> float:
+        return self.step_seconds
 
 
 class _Replay:
@@ -106,9 +142,11 @@ class _Replay:
     step ``t``; sums over running requests give the live token count without a loop.
     """
 
-    def __init__(self, trace: Trace, memory, max_num_seqs: int, step_seconds: float, log=None):
+    def __init__(self, trace: Trace, memory, max_num_seqs: int, cost, static: bool, log=None):
         self.trace, self.memory = trace, memory
-        self.max_num_seqs, self.step_seconds = max_num_seqs, step_seconds
+        self.max_num_seqs, self.cost, self.static = max_num_seqs, cost, static
+        self.batch: set[int] = set()  # static batching: the running batch's unfinished members
+        self.latencies = Latencies(trace)
         self.final_len = final_lens(trace)
         self.resume_len: dict[int, int] = {}  # preempted request -> tokens to recompute
         self.running: dict[int, tuple[int, int, int]] = {}  # request -> (L0, s0, capacity)
@@ -134,6 +172,7 @@ class _Replay:
                 now = trace.arrival_s[next_arrival]  # idle: jump to the next arrival
                 continue
             self._step_events = {"admit": [], "preempt": [], "finish": []}
+            self._prefill = [0, 0]  # prompt tokens admitted this step, and their attention pairs
             events = self.events.pop(step, [])
             preempted = self._grow(step, [e for e in events if e[0] == "block"])
             if not preempted:
@@ -145,18 +184,22 @@ class _Replay:
                 )
             sample = self._measure(step, every_step, under_load)
             peak = max(peak, len(self.running))
+            now += self.cost.seconds(self._work(sample[1]))
+            for request in self._step_events["admit"]:
+                self.latencies.first_token(request, now)
             # NOTE: a request whose last token needed a new block finishes in the step that
             # gave it the block, so its finish event was scheduled during this very step.
             for kind, request, epoch in events + self.events.pop(step, []):
                 if kind == "finish" and self.epoch[request] == epoch:
                     self._release(request)
+                    self.batch.discard(request)
+                    self.latencies.finished(request, now)
                     self._step_events["finish"].append(request)
                     finished += 1
             if self.log is not None:
                 e = self._step_events
-                self.log.append(StepLog(*map(tuple, e.values()), sample[1], sample[2]))
+                self.log.append(StepLog(*map(tuple, e.values()), sample[1], sample[2], now))
             step += 1
-            now += self.step_seconds
         meter = under_load if under_load.steps else every_step
         shares = meter.shares(self.memory.capacity)
         return SimResult(
@@ -172,6 +215,20 @@ class _Replay:
             peak_running=peak,
             fit_at_once=under_load.running / under_load.steps if under_load.steps else None,
             num_preemptions=self.num_preemptions,
+            **self.latencies.summary(),
+        )
+
+    def _work(self, context: int) -> StepWork:
+        """What this step computed, as the engine's ``pack_step`` counts it: each admitted
+        request's prompt (or recomputed tokens), one token for every other running one;
+        every sequence reads its whole context (``context``: the tokens held now)."""
+        prefill_tokens, prefill_pairs = self._prefill
+        decodes = len(self.running) - len(self._step_events["admit"])
+        return StepWork(
+            num_prefill_tokens=prefill_tokens,
+            num_decode_seqs=decodes,
+            num_context_tokens=context,
+            num_attention_pairs=prefill_pairs + context - prefill_tokens,
         )
 
     def _measure(self, step: int, every_step: MemoryMeter, under_load: MemoryMeter) -> tuple:
@@ -187,9 +244,16 @@ class _Replay:
         return sample
 
     def _admit(self, step: int) -> None:
-        """First come, first served, while memory allows (a blocked head blocks the rest)."""
+        """First come, first served, while memory allows (a blocked head blocks the rest).
+
+        Static batching admits a new batch only when the last one is done; while one runs,
+        only its preempted members (at the head of the queue) come back.
+        """
+        members_only = self.static and bool(self.batch)
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if members_only and request not in self.batch:
+                return
             length = self.resume_len.get(request, self.trace.prompt_lens[request])
             max_tokens = self.trace.prompt_lens[request] + self.trace.output_lens[request]
             max_tokens -= length  # output tokens it may still sample (sizes a reservation)
@@ -202,6 +266,10 @@ class _Replay:
             self.sum_base += length - step
             self.useful += min(capacity, self.final_len[request])
             self._step_events["admit"].append(request)
+            self._prefill[0] += length
+            self._prefill[1] += length * (length + 1) // 2
+            if self.static:
+                self.batch.add(request)
             self._schedule(request, step, length, capacity)
 
     def _grow(self, step: int, block_events: list[tuple[str, int, int]]) -> bool:
