@@ -16,16 +16,21 @@ from transformers import GenerationConfig
 
 from kvlab.measure import naive_hf
 from kvlab.measure.naive_hf import (
+    DecodeTrace,
     activation_bytes,
     cache_bytes,
     cache_layer_shapes,
     decode_with_cache,
+    decode_without_cache,
+    fit_no_cache_steps,
     memory_breakdown,
     no_cache_seconds,
     positions_computed,
+    step_costs,
     time_weight_reads,
     time_without_cache,
     weight_bytes,
+    what_grew,
 )
 from kvlab.measure.padded_batch import (
     FINISHED_PAD,
@@ -91,6 +96,17 @@ def test_without_cache_predicts_the_same_tokens(tiny):
         time_without_cache(tiny, trace.token_ids, [len(trace.token_ids) + 1])
 
 
+def test_decode_without_cache_gives_the_cached_runs_tokens(tiny):
+    """The oracle of lab 01's section 1: a cache changes the work, not the tokens."""
+    prompt = random_prompts(tiny.config.vocab_size, [6])[0]
+    cached = decode_with_cache(tiny, prompt, NEW_TOKENS, repeats=1).generated
+    assert decode_without_cache(tiny, prompt, NEW_TOKENS) == cached
+    eos = cached[4]
+    assert decode_without_cache(tiny, prompt, NEW_TOKENS, eos) == cached[: cached.index(eos) + 1]
+    with pytest.raises(ValueError, match="num_new_tokens"):
+        decode_without_cache(tiny, prompt, 0)
+
+
 def test_decode_rejects_no_tokens(tiny):
     with pytest.raises(ValueError, match="num_new_tokens"):
         decode_with_cache(tiny, [1, 2, 3], 0)
@@ -143,6 +159,53 @@ def test_no_cache_seconds_interpolates_between_timed_steps():
         no_cache_seconds(steps, [21])
 
 
+def test_fit_no_cache_steps_goes_through_every_point():
+    steps = [naive_hf.NoCacheStep(n, 0.1 + 0.002 * n, 0) for n in (10, 30, 20)]
+    fit = fit_no_cache_steps(steps)
+    assert (fit.seconds_per_token, fit.seconds_at_zero) == pytest.approx((0.002, 0.1))
+    assert fit.num_points == 3
+    assert fit.seconds_at(50) == pytest.approx(0.2)
+    # One slow point moves the line less than it moves a slope from the two end points.
+    jumpy = [*steps, naive_hf.NoCacheStep(40, 0.5, 0)]
+    ends = (0.5 - 0.12) / 30
+    assert fit_no_cache_steps(jumpy).seconds_per_token < ends
+    with pytest.raises(ValueError, match="two or more context lengths"):
+        fit_no_cache_steps(steps[:1])
+
+
+def test_step_costs_by_hand():
+    # A 3-token prompt, 3 steps: with a cache 3 + 1 + 1 = 5 positions, without 3 + 4 + 5 = 12.
+    run = DecodeTrace(
+        token_ids=[1, 2, 3, 4, 5, 6],
+        num_prompt_tokens=3,
+        step_seconds=[0.3, 0.1, 0.2],
+        cache_lens=[3, 4, 5],
+        cache_bytes=[3, 4, 5],
+        cache=None,
+    )
+    no_cache = [naive_hf.NoCacheStep(5, 0.5, 6), naive_hf.NoCacheStep(3, 0.3, 4)]
+    costs = step_costs(run, no_cache, [0.3, 0.4, 0.5], weight_read_seconds=0.09)
+    assert (costs.positions_with, costs.positions_without) == (5, 12)
+    assert (costs.seconds_with, costs.seconds_without) == pytest.approx((0.6, 1.2))
+    assert costs.time_ratio == pytest.approx(2.0)
+    assert costs.cached_step_seconds == pytest.approx(0.15)  # the prefill left out
+    assert costs.shortest.context_len == 3
+    assert costs.fit.seconds_per_token == pytest.approx(0.1)
+    table = str(costs)
+    assert "token positions computed" in table and "1.2 s (estimated)" in table
+    assert "a no-cache step of 3 tokens" in table and "100.0 ms" in table
+    assert "one token times every weight matrix" in table and "90.0 ms" in table
+    with pytest.raises(ValueError, match="one no-cache time per step"):
+        step_costs(run, no_cache, [0.3], weight_read_seconds=0.09)
+
+
+def test_what_grew():
+    assert what_grew(weights=(5, 5), kv_cache=(1, 2)) == "KV cache"
+    assert what_grew(weights=(5, 6), kv_cache=(1, 2)) == "both"
+    assert what_grew(weights=(5, 6), kv_cache=(2, 2)) == "weights"
+    assert what_grew(weights=(5, 5), kv_cache=(2, 2)) == "neither"
+
+
 def test_padded_batch_account_matches_the_cache(tiny):
     prompts = random_prompts(tiny.config.vocab_size, [3, 11, 7], seed=1)
     free_runs = [hf_greedy(tiny, p, NEW_TOKENS) for p in prompts]
@@ -170,6 +233,19 @@ def test_padded_batch_account_matches_the_cache(tiny):
         batch.num_real_tokens
     )
     assert batch.waste == pytest.approx(1 - batch.num_real_tokens / batch.num_slots)
+
+    # Step by step: the prefill holds the padded prompts, each step adds one position a row.
+    assert batch.num_steps == max(batch.output_lens)
+    for step in range(batch.num_steps):
+        rows = batch.slot_kinds(after_step=step)
+        assert [len(row) for row in rows] == [max(batch.prompt_lens) + step] * 3
+        assert all(final[: len(row)] == row for row, final in zip(rows, kinds, strict=True))
+    assert batch.slot_kinds(after_step=batch.num_steps - 1) == kinds
+    with pytest.raises(ValueError, match="after_step"):
+        batch.slot_kinds(after_step=batch.num_steps)
+    padding = batch.padding_per_request()
+    assert sum(left + after for left, after in padding) == batch.num_slots - batch.num_real_tokens
+    assert [left for left, _ in padding] == [max(batch.prompt_lens) - p for p in batch.prompt_lens]
 
 
 def test_padded_cache_slots_by_hand():

@@ -1,18 +1,22 @@
-"""Lab 01's measurements of naive KV caching in Hugging Face transformers, on a real model.
+"""Labs 00 and 01: naive KV caching in Hugging Face transformers, measured on a real model.
 
 Hugging Face's default cache, ``DynamicCache``, keeps one key and one value tensor per layer,
 shaped (batch, num_kv_heads, seq_len, head_dim), and grows them with ``torch.cat`` at every
 step. This module measures what that costs, always from the real tensors:
 
 - ``decode_with_cache``: greedy decoding step by step, timing each step and reading the
-  cache's bytes after it; ``time_without_cache``: the same next-token steps when the
-  whole prefix is recomputed because nothing is cached; ``time_weight_reads``: one pass
-  over every weight matrix and nothing else, what any step must at least pay. All three
-  repeat their runs and report medians: one run of a step on a shared machine can take
-  several times its usual time.
+  cache's bytes after it; ``decode_without_cache``: the same greedy loop with no cache,
+  running the whole text at every step; ``time_without_cache``: the time of such no-cache
+  steps at chosen context lengths; ``time_weight_reads``: one token times every weight
+  matrix and nothing else, the least any step can do. The timers repeat their runs and
+  report medians: one run of a step on a shared machine can take several times its usual
+  time.
 - ``positions_computed`` and ``no_cache_seconds``: the whole run, with and without a cache,
-  as work (token positions through the model) and as time, after every generated token.
-- ``cache_bytes`` and ``cache_layer_shapes``: open a ``DynamicCache`` and count its bytes.
+  as work (token positions through the model) and as time, after every generated token;
+  ``fit_no_cache_steps``: the straight line through the timed no-cache steps (what one
+  more token adds to a step); ``step_costs``: all of it as one table.
+- ``cache_bytes`` and ``cache_layer_shapes``: open a ``DynamicCache`` and count its bytes;
+  ``what_grew``: which of two memories grew between two readings.
 - ``memory_breakdown``: weights against KV cache against activations, for serving a batch.
 
 A padded batch's cache, real tokens against padding, is ``kvlab.measure.padded_batch``.
@@ -123,6 +127,29 @@ def _decode_once(
     return DecodeTrace(token_ids, len(prompt_ids), seconds, lens, sizes, cache)
 
 
+@torch.inference_mode()
+def decode_without_cache(
+    model, prompt_ids: Sequence[int], num_new_tokens: int, eos_token_id: int | None = None
+) -> list[int]:
+    """Greedily generate up to ``num_new_tokens`` tokens with no cache; return them.
+
+    The plainest loop there is: every step runs the whole text so far (prompt and every
+    token generated) through the model and keeps the most likely next token. Nothing is
+    kept between steps, so each step recomputes every earlier token's keys and values.
+    Stops after ``eos_token_id`` when one is given.
+    """
+    if num_new_tokens <= 0:
+        raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
+    token_ids = list(prompt_ids)
+    for _ in range(num_new_tokens):
+        feed = torch.tensor([token_ids], device=model.device)  # (1, all tokens so far)
+        logits = model(feed, use_cache=False, logits_to_keep=1).logits
+        token_ids.append(int(logits[0, -1].argmax()))
+        if token_ids[-1] == eos_token_id:
+            break
+    return token_ids[len(prompt_ids) :]
+
+
 @dataclass(frozen=True)
 class NoCacheStep:
     """One next-token step without a cache: the whole context went through the model.
@@ -174,11 +201,11 @@ def time_without_cache(
 
 @torch.inference_mode()
 def time_weight_reads(model, repeats: int = 3) -> float:
-    """Median seconds to read every weight matrix of ``model`` once, and do nothing else.
+    """Median seconds of one token times every weight matrix of ``model``, nothing else.
 
     One matrix-vector product per 2-D parameter (the tied embedding is the output
-    projection's matrix too): two floating-point operations per weight read, the least
-    arithmetic a step can do with its weights. A decode step that takes about this long is
+    projection's matrix too): every weight read once for two floating-point operations,
+    the least a step can do with its weights. A decode step that takes about this long is
     bound by reading the weights from memory, not by arithmetic.
     """
     if repeats < 1:
@@ -222,6 +249,119 @@ def no_cache_seconds(steps: Sequence[NoCacheStep], context_lens: Sequence[int]) 
     return [float(s) for s in np.interp(context_lens, lens, [step.seconds for step in timed])]
 
 
+@dataclass(frozen=True)
+class LineFit:
+    """A straight line through the timed no-cache steps: ``seconds = at_zero + slope x L``.
+
+    Attributes:
+        seconds_per_token: the slope: what one more token of context adds to a step.
+        seconds_at_zero: where the line meets zero tokens: what a step pays whatever it
+            computes.
+        num_points: how many timed steps the line was fitted to.
+    """
+
+    seconds_per_token: float
+    seconds_at_zero: float
+    num_points: int
+
+    def seconds_at(self, context_len: float) -> float:
+        return self.seconds_at_zero + self.seconds_per_token * context_len
+
+
+def fit_no_cache_steps(steps: Sequence[NoCacheStep]) -> LineFit:
+    """The least-squares line through every timed step (time against context length).
+
+    Two end points alone would let one disturbed run set the slope; a line through all of
+    them averages the disturbances out.
+    """
+    if len({step.context_len for step in steps}) < 2:
+        raise ValueError("fit_no_cache_steps needs steps at two or more context lengths")
+    slope, at_zero = np.polyfit(
+        [step.context_len for step in steps], [step.seconds for step in steps], deg=1
+    )
+    return LineFit(float(slope), float(at_zero), len(steps))
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """One run with and without a cache, as work and time, and what a step costs.
+
+    Attributes:
+        positions_with, positions_without: token positions run through the model.
+        seconds_with: the cached run's measured time (every step timed).
+        seconds_without: the no-cache run's time, estimated from its timed steps.
+        cached_step_seconds: the median of the cached run's decode steps (one token each).
+        shortest: the timed no-cache step with the least context (many tokens at once).
+        fit: the line through every timed no-cache step.
+        weight_read_seconds: one token times every weight matrix (``time_weight_reads``).
+    """
+
+    positions_with: int
+    positions_without: int
+    seconds_with: float
+    seconds_without: float
+    cached_step_seconds: float
+    shortest: NoCacheStep
+    fit: LineFit
+    weight_read_seconds: float
+
+    @property
+    def time_ratio(self) -> float:
+        """Time without a cache over time with one (the former estimated)."""
+        return self.seconds_without / self.seconds_with
+
+    def __str__(self) -> str:
+        rows = [
+            ("", "with a cache", "without"),
+            ("token positions computed", f"{self.positions_with:,}", f"{self.positions_without:,}"),
+            (
+                "whole run",
+                f"{self.seconds_with:.1f} s",
+                f"{self.seconds_without:.1f} s (estimated)",
+            ),
+        ]
+        ms = {
+            "a cached decode step, one token (median)": self.cached_step_seconds,
+            f"a no-cache step of {self.shortest.context_len} tokens": self.shortest.seconds,
+            f"each extra token (line through {self.fit.num_points} steps)": (
+                self.fit.seconds_per_token
+            ),
+            "one token times every weight matrix": self.weight_read_seconds,
+        }
+        lines = [f"{a:28} {b:>12}  {c}" for a, b, c in rows]
+        lines += ["", "one step costs"] + [f"  {k:50} {1000 * v:6.1f} ms" for k, v in ms.items()]
+        return "\n".join(lines)
+
+
+def step_costs(
+    trace: DecodeTrace,
+    no_cache: Sequence[NoCacheStep],
+    seconds_without: Sequence[float],
+    weight_read_seconds: float,
+) -> StepCosts:
+    """Sum up a cached run (``trace``) and the no-cache steps timed on its tokens.
+
+    Args:
+        seconds_without: the no-cache run's time per generated token, one per step of
+            ``trace`` (``no_cache_seconds``).
+        weight_read_seconds: from ``time_weight_reads``.
+    """
+    num_steps = len(trace.step_seconds)
+    if len(seconds_without) != num_steps or num_steps < 2:
+        raise ValueError("step_costs needs one no-cache time per step of a run of 2+ steps")
+    with_cache, without_cache = positions_computed(trace.num_prompt_tokens, num_steps)
+    return StepCosts(
+        positions_with=with_cache[-1],
+        positions_without=without_cache[-1],
+        seconds_with=sum(trace.step_seconds),
+        seconds_without=sum(seconds_without),
+        cached_step_seconds=statistics.median(trace.step_seconds[1:]),
+        shortest=min(no_cache, key=lambda step: step.context_len),
+        fit=fit_no_cache_steps(no_cache),
+        weight_read_seconds=weight_read_seconds,
+    )
+
+
 # --- Inside a DynamicCache ---------------------------------------------------------------
 
 
@@ -242,6 +382,16 @@ def cache_bytes(cache) -> int:
         for tensor in (layer.keys, layer.values)
         if tensor is not None
     )
+
+
+def what_grew(weights: tuple[int, int], kv_cache: tuple[int, int]) -> str:
+    """``"weights"``, ``"KV cache"``, ``"both"`` or ``"neither"``: which grew between two
+    readings, each given as (bytes before, bytes after)."""
+    readings = {"weights": weights, "KV cache": kv_cache}
+    grew = [name for name, (before, after) in readings.items() if after > before]
+    if len(grew) == 2:
+        return "both"
+    return grew[0] if grew else "neither"
 
 
 def _cache_kwarg(model) -> str:

@@ -4,9 +4,9 @@ transformers batches prompts of different lengths by padding them on the left to
 longest, and keeps every request in the batch until the longest answer ends. The cache it
 leaves behind holds every row at the batch's longest length; this module runs such a batch
 on a real model and accounts for every cache slot: left padding, prompt, generated token,
-or padding after the request's EOS. Lab 01 draws it as a heatmap, lab 03 uses
-``generate_padded`` as its oracle, and the benchmark pads its Hugging Face baseline the
-same way (``left_pad``).
+or padding after the request's EOS, at the end or after any step. Lab 01 animates it step
+by step, lab 03 uses ``generate_padded`` as its oracle, and the benchmark pads its Hugging
+Face baseline the same way (``left_pad``).
 
 Not handled: right padding, packed (unpadded) batches (kvlab's engine packs, lab 04).
 """
@@ -73,15 +73,34 @@ class PaddedBatch:
         """Fraction of the cache's positions that hold padding."""
         return 1 - self.num_real_tokens / self.num_slots
 
-    def slot_kinds(self) -> list[list[int]]:
-        """What each (request, position) of the cache holds: LEFT_PAD, PROMPT, GENERATED..."""
-        width, seq_len = max(self.prompt_lens), self.cache_shape[2]
+    @property
+    def num_steps(self) -> int:
+        """Steps the batch ran: the prefill, then one decode step per token of the longest
+        answer but its last."""
+        return max(self.output_lens)
+
+    def slot_kinds(self, after_step: int | None = None) -> list[list[int]]:
+        """What each (request, position) of the cache holds: LEFT_PAD, PROMPT, GENERATED...
+
+        Args:
+            after_step: the cache after this step (0: the prefill, which holds the padded
+                prompts; step ``t`` adds one position to every row); None: at the end.
+        """
+        last = self.num_steps - 1
+        step = last if after_step is None else after_step
+        if not 0 <= step <= last:
+            raise ValueError(f"after_step={after_step} outside the batch's steps 0..{last}")
+        width = max(self.prompt_lens)
         rows = []
         for prompt_len, output_len in zip(self.prompt_lens, self.output_lens, strict=True):
-            row = [LEFT_PAD] * (width - prompt_len) + [PROMPT] * prompt_len
-            row += [GENERATED] * (output_len - 1)
-            rows.append(row + [FINISHED_PAD] * (seq_len - len(row)))
+            fed = min(step, output_len - 1)  # generated tokens fed back so far
+            row = [LEFT_PAD] * (width - prompt_len) + [PROMPT] * prompt_len + [GENERATED] * fed
+            rows.append(row + [FINISHED_PAD] * (step - fed))
         return rows
+
+    def padding_per_request(self) -> list[tuple[int, int]]:
+        """(left padding, padding after EOS) of each request's row, in positions."""
+        return [(row.count(LEFT_PAD), row.count(FINISHED_PAD)) for row in self.slot_kinds()]
 
 
 def padded_cache_slots(prompt_lens: Sequence[int], output_lens: Sequence[int]) -> tuple[int, int]:
