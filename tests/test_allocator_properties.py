@@ -337,9 +337,15 @@ class PagedMachine(AllocatorMachine):
         filled = self.cache._filled_per_block()
         assert usage.num_reserved_slots == len(holders) * self.cache.block_size
         assert usage.num_used_slots == sum(filled.values())
+        # Every cached block is a copy of its hash, and a lookup finds one of the copies.
         for block_id, block_hash in enumerate(pool.block_hash):
             if block_hash is not None:
-                assert pool.lookup(block_hash) == block_id
+                assert block_id in pool.cached_blocks(block_hash)
+                assert pool.block_hash[pool.lookup(block_hash)] == block_hash
+        assert pool.num_cached_blocks == sum(h is not None for h in pool.block_hash)
+        # The free queue is the plain free blocks, then the cached ones (vLLM's two runs).
+        cached = [pool.block_hash[b] is not None for b in free]
+        assert cached == sorted(cached), f"a plain block sits behind a cached one: {free}"
         for seq_id in self.seqs:
             table = self.cache.block_table(seq_id)
             assert len(table) == -(-self.cache.num_tokens(seq_id) // self.cache.block_size)

@@ -291,6 +291,17 @@ def test_arena_first_fit_holes_and_fragmentation():
     assert arena.internal_fragmentation == 3 * 4 + 1  # three untouched ranges + one slot
 
 
+def test_arena_refusal_names_external_fragmentation_only_when_there_is_some():
+    arena = ContiguousArena(20)
+    arena.reserve(0, 16)
+    # One hole of 4: the free total is what is short, not how it lies.
+    with pytest.raises(CacheFullError, match=r"needs 5 contiguous slots; only 4 of 20 are free$"):
+        arena.reserve(1, 5)
+    arena.reserve(1, 4)
+    with pytest.raises(CacheFullError, match=r"only 0 of 20 are free$"):
+        arena.reserve(2, 1)
+
+
 def test_contiguous_range_cannot_outgrow_its_reservation():
     cache = make_cache("contiguous")
     driver = Driver(cache)
@@ -345,7 +356,7 @@ def test_block_pool_evicts_least_recently_freed_cached_block():
     pool = BlockPool(3)
     a, b, c = pool.allocate(3)
     for block_id, block_hash in ((a, 11), (b, 22), (c, 33)):
-        assert pool.cache(block_id, block_hash)
+        pool.cache(block_id, block_hash)
     pool.free([b])
     pool.free([a])
     assert pool.free_block_ids() == [b, a]
@@ -354,6 +365,54 @@ def test_block_pool_evicts_least_recently_freed_cached_block():
     assert pool.lookup(22) is None and pool.lookup(11) == a
     pool.take_cached(a)  # a prefix hit takes a out of the free queue
     assert pool.ref_cnt[a] == 1 and pool.num_free_blocks == 0
+
+
+def test_block_pool_reuses_plain_blocks_before_evicting_cached_ones():
+    pool = BlockPool(6)
+    a, b, c, d, e, f = pool.allocate(6)
+    pool.cache(a, 11)
+    pool.cache(b, 22)
+    pool.free([c, a])  # c is plain: to the front; a is cached: to the back
+    pool.free([d, b, e])  # d and e to the front, in the order freed, before c
+    assert pool.free_block_ids() == [d, e, c, a, b]
+    assert pool.allocate(3) == [d, e, c] and pool.lookup(11) == a  # nothing evicted
+    assert pool.allocate(1) == [a] and pool.lookup(11) is None  # now the oldest cached one
+    pool.free([f])
+    assert pool.free_block_ids() == [f, b]
+
+
+def test_block_pool_without_hashes_reuses_the_last_freed_block_first():
+    pool = BlockPool(4)
+    blocks = pool.allocate(4)
+    pool.free(blocks[:2])
+    pool.free(blocks[2:])
+    assert pool.free_block_ids() == [2, 3, 0, 1]
+    assert pool.allocate(1) == [2]
+
+
+def test_block_pool_refuses_a_double_free_and_changes_nothing():
+    pool = BlockPool(3)
+    a, b = pool.allocate(2)
+    with pytest.raises(ValueError, match="double free"):
+        pool.free([a, b, b])
+    assert pool.ref_cnt == [1, 1, 0] and pool.free_block_ids() == [2]
+
+
+def test_block_pool_caches_a_second_copy_of_a_hash():
+    pool = BlockPool(4)
+    a, b = pool.allocate(2)
+    pool.cache(a, 11)
+    pool.cache(b, 11)  # the same prefix, computed side by side
+    pool.cache(b, 11)  # again: nothing changes
+    assert pool.cached_blocks(11) == [a, b] and pool.num_cached_blocks == 2
+    assert pool.lookup(11) == a
+    pool.free([a, b])
+    pool.allocate(2)  # the two plain blocks
+    assert pool.allocate(1) == [a]  # evicts a: b still serves the hash
+    assert pool.lookup(11) == b and pool.num_cached_blocks == 1
+    pool.cache(a, 12)
+    with pytest.raises(ValueError, match="another hash"):
+        pool.cache(a, 13)
 
 
 def test_block_hash_is_chained():
@@ -464,14 +523,17 @@ def test_cached_blocks_survive_free_until_evicted():
     assert manager.pool.num_cached_blocks == 1
 
 
-def test_duplicate_prefix_keeps_one_cached_copy():
+def test_duplicate_prefix_is_cached_twice_and_either_copy_hits():
     manager = BlockManager(num_blocks=4, block_size=2)
     manager.allocate_slots(0, 2, token_ids=[1, 2])
     manager.allocate_slots(1, 2, token_ids=[1, 2])  # same tokens, computed side by side
-    assert manager.pool.num_cached_blocks == 1
+    assert manager.pool.num_cached_blocks == 2
+    assert manager.block_table(0) == [0] and manager.block_table(1) == [1]  # tables unchanged
     manager.free(0)
     manager.free(1)
     assert manager.lookup_prefix([1, 2, 3]) == [0]
+    manager.allocate_slots(2, 6)  # the two plain blocks, then block 0 (the older cached one)
+    assert manager.lookup_prefix([1, 2, 3]) == [1]  # the other copy still serves the prefix
 
 
 def test_without_token_ids_no_block_is_cached():

@@ -3,7 +3,9 @@ nothing, and catches each planted defect with the criterion meant for it.
 
 ``Right`` is written from scratch (not kvlab's code) over the state the lab's stub sets up
 (``ref_cnt``, ``block_hash``, ``free_queue``, ``cached``); each planted defect changes one
-thing in it.
+thing in it. Two are kvlab's rules before it followed vLLM 0.32.0's: one free queue for
+plain and cached blocks alike (``OneQueueForAll``), one cached block per hash
+(``OneBlockPerHash``); both must now fail.
 """
 
 from __future__ import annotations
@@ -55,13 +57,37 @@ Right = MyBlockPool  # the solution, as a learner writes it
 
 
 class FreeToTheFront(Right):
-    """A freed block is handed out next (most recently freed first)."""
+    """Every freed block, cached ones too, is handed out next (the last freed first)."""
 
     def free(self, block_ids):
         super().free(block_ids)
         for block in block_ids:
             if self.ref_cnt[block] == 0:
                 self.free_queue.move_to_end(block, last=False)
+
+
+class OneQueueForAll(Right):
+    """Every freed block joins the back, plain or cached (kvlab's rule before vLLM's): a
+    cached block can be evicted while a plain one is free."""
+
+    def free(self, block_ids):
+        for block in block_ids:
+            self.ref_cnt[block] -= 1
+            if self.ref_cnt[block] == 0:
+                self.free_queue[block] = None
+
+
+class PlainBlocksReversed(Right):
+    """Puts each plain block at the front as it is freed, so one call's blocks end up in
+    reverse order."""
+
+    def free(self, block_ids):
+        for block in block_ids:
+            self.ref_cnt[block] -= 1
+            if self.ref_cnt[block] == 0:
+                self.free_queue[block] = None
+                if self.block_hash[block] is None:
+                    self.free_queue.move_to_end(block, last=False)
 
 
 class HitStaysInQueue(Right):
@@ -90,11 +116,21 @@ class ReuseKeepsTheHash(Right):
         pass
 
 
-class TwoBlocksOneHash(Right):
+class OneBlockPerHash(Right):
+    """Leaves a block uncached when another block already serves its hash (kvlab's rule
+    before vLLM's)."""
+
     def cache(self, block_id, block_hash):
-        if self.block_hash[block_id] is None:
-            self.cached[block_hash] = block_id
-            self.block_hash[block_id] = block_hash
+        if block_hash not in self.cached:
+            super().cache(block_id, block_hash)
+
+
+class LastCopyFirst(Right):
+    """Finds the copy cached last, not the first."""
+
+    def match_prefix(self, block_size, token_ids):
+        blocks, hashes = super().match_prefix(block_size, token_ids)
+        return [self.cached[h][-1] for h in hashes], hashes
 
 
 class MatchesTheLastToken(Right):
@@ -113,7 +149,7 @@ class UnchainedHashes(Right):
             )
             if h not in self.cached:
                 break
-            blocks.append(self.cached[h])
+            blocks.append(self.cached[h][0])
             hashes.append(h)
         return blocks, hashes
 
@@ -133,7 +169,7 @@ class SkipsAMiss(Right):
                 parent, token_ids[index * block_size : (index + 1) * block_size]
             )
             if parent in self.cached:
-                blocks.append(self.cached[parent])
+                blocks.append(self.cached[parent][0])
                 hashes.append(parent)
         return blocks, hashes
 
@@ -153,15 +189,18 @@ class TakesThenRefuses(Right):
 
 PLANTED = [
     (FreeToTheFront, "lru"),
+    (OneQueueForAll, "lru"),
+    (PlainBlocksReversed, "lru"),
     (HitStaysInQueue, "lru"),
     (HitAddsNoHolder, "ref_cnt"),
     (FreeForgetsTheHash, "cache"),
     (ReuseKeepsTheHash, "cache"),
-    (TwoBlocksOneHash, "cache"),
+    (OneBlockPerHash, "cache"),
     (MatchesTheLastToken, "match_prefix"),
     (UnchainedHashes, "match_prefix"),
     (SkipsAMiss, "match_prefix"),
     (NoHits, "match_prefix"),
+    (LastCopyFirst, "match_prefix"),
     (TakesThenRefuses, "refuses"),
 ]
 

@@ -29,7 +29,7 @@ HAND_ANSWERS = {
     "04.static_idle_seats": 4 * 10 - (3 + 10 + 4 + 6),
     # the oldest request (arrived at 0) times out after 0.5 s, before a 4th arrives at 1.2
     "04.dynamic_start": 0.5,
-    # 7 prompt blocks + ceil(0.1 x 120) reserved blocks
+    # 7 prompt blocks + int(0.1 x 120) reserved blocks (rounded down, as vLLM does)
     "04.watermark": 7 + 12,
 }
 

@@ -225,14 +225,16 @@ class BlockManager(BlockSharing, KVCacheManager):
         return DecodeAllocation(num_allocated, copies)
 
     def free(self, seq_id: int) -> None:
-        """Release ``seq_id``'s blocks; cached ones stay reusable until evicted."""
+        """Release ``seq_id``'s blocks: a partly filled last block goes to the front of the
+        free queue, reused first; cached ones keep their hashes, reusable until evicted."""
         seq = self._seq(seq_id)
         size, ref_cnt = self.block_size, self.pool.ref_cnt
         for logical_index, block_id in enumerate(seq.block_table):
             if ref_cnt[block_id] == 1:  # nobody else holds it: its tokens leave the count
                 self._num_used_slots -= min(size, seq.num_tokens - logical_index * size)
         # Tail first: a sequence's last blocks are the least likely to serve another
-        # prompt's prefix, so they should be evicted before its first ones.
+        # prompt's prefix, so they should be evicted before its first ones (as vLLM 0.32.0's
+        # SingleTypeKVCacheManager.free, vllm/v1/core/single_type_kv_cache_manager.py).
         self.pool.free(reversed(seq.block_table))
         del self._seqs[seq_id]
         self.rows.release(seq_id)

@@ -8,22 +8,42 @@ model-free memory simulator (``kvlab.sim.simulator``) run the very same logic.
 Every block has a ``ref_cnt``: how many sequences hold it. A block with ``ref_cnt == 0``
 is free. A free block that still carries a ``block_hash`` is *cached*: its K/V are intact,
 and a new sequence whose prompt starts with the same tokens can adopt it instead of
-recomputing it (prefix caching). Cached blocks are evicted only when a fresh block is
-needed and no plain free block is left, least recently freed first (LRU):
+recomputing it (prefix caching). The free queue holds both kinds, in two runs:
 
-    free queue (eviction order) ->  [b7 cached] [b2] [b9 cached] [b4]   <- freed blocks join here
-                                     evicted first                       evicted last
+    free queue:  front [b4] [b9] [b1] [b7 #] [b2 #] [b5 #] back    (# = has a block_hash)
+                       plain blocks,   cached blocks, least
+                       reused first    recently used first
+
+``allocate`` takes from the front; ``free`` puts plain blocks at the front (the blocks of
+one call in their order) and cached blocks at the back.
+
+A plain free block (a sequence's partly filled last block; every block when prefix
+caching is off) can serve no hit, so it is handed out before any cached block; a cached
+block is evicted, its hash forgotten, only when no plain block is left, the least
+recently used first (LRU). With prefix caching off every block is plain, so the block
+freed last is reused first (vLLM's reason: GPU cache locality).
+
+The rules are vLLM 0.32.0's (``vllm/v1/core/block_pool.py``: ``BlockPool.free_blocks``
+prepends blocks without a hash to the free queue and appends cached ones, "Apply LRU
+policy only to proper cache entries", vLLM PR 42656; ``get_new_blocks`` takes from the
+front and evicts; ``FreeKVCacheBlockQueue.prepend_n`` / ``append_n`` in
+``vllm/v1/core/kv_cache_utils.py``), and so is the prefix cache's (``BlockHashToBlockMap``
+in ``block_pool.py``): a block whose hash another block already serves is cached too ("we
+currently don't de-duplicate"), so a block table never changes under a running sequence,
+and a lookup finds the first copy still cached.
 
 How a block's hash is made, and how a prompt finds its cached prefix, is
 ``kvlab.cache.prefix_cache``.
 
 Not handled here: the tensors (see ``kvlab.cache.paged``), per-sequence block tables (see
 ``kvlab.cache.block_manager``).
+Not handled: resetting the prefix cache (vLLM's ``reset_prefix_cache``, after new weights):
+a cached block leaves only by eviction.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
 from kvlab.cache.manager import CacheFullError
@@ -38,6 +58,7 @@ class BlockPool:
         ref_cnt: per block, how many sequences hold it (0: free or cached).
         block_hash: per block, its chained hash while it can serve a prefix hit, else None.
         num_held_blocks: blocks with ``ref_cnt > 0``, counted as they change.
+        num_cached_blocks: blocks that carry a ``block_hash`` (held or free).
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -47,29 +68,29 @@ class BlockPool:
         self.ref_cnt = [0] * num_blocks
         self.num_held_blocks = 0
         self.block_hash: list[int | None] = [None] * num_blocks
-        # NOTE: an OrderedDict is a queue that can also drop an entry from its middle in
-        # O(1): a prefix hit takes a cached block out of the queue wherever it sits.
+        self.num_cached_blocks = 0
+        # NOTE: an OrderedDict is a queue that can also drop an entry from its middle, and
+        # put one at its front, in O(1): a prefix hit takes a cached block out of the queue
+        # wherever it sits, and a freed plain block goes to the front.
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._cached: dict[int, int] = {}  # block_hash -> block_id
+        # block_hash -> the blocks that carry it, the one a lookup finds first. Two copies
+        # of one hash are rare (two sequences computed the same prefix side by side).
+        self._cached: dict[int, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks ``allocate`` can hand out now: plain free ones plus evictable cached ones."""
         return len(self._free_queue)
 
-    @property
-    def num_cached_blocks(self) -> int:
-        """Blocks that carry a ``block_hash`` (held or free)."""
-        return len(self._cached)
-
     def free_block_ids(self) -> list[int]:
         """The free blocks in eviction order: the first one is handed out (or evicted) next."""
         return list(self._free_queue)
 
     def allocate(self, num: int) -> list[int]:
-        """Take ``num`` blocks from the head of the free queue, each with ``ref_cnt`` 1.
+        """Take ``num`` blocks from the front of the free queue, each with ``ref_cnt`` 1.
 
-        A cached block taken this way is evicted: its hash leaves the prefix cache.
+        Plain blocks come first; a cached block taken this way is evicted: its hash leaves
+        the prefix cache.
 
         Raises:
             CacheFullError: fewer than ``num`` blocks are free; nothing changes.
@@ -89,19 +110,33 @@ class BlockPool:
         return block_ids
 
     def free(self, block_ids: Iterable[int]) -> None:
-        """Drop one reference to each block; a block nobody holds joins the free queue's tail.
+        """Drop one reference to each block; a block nobody holds goes back to the free queue.
 
-        Its ``block_hash`` stays, so it can still serve a prefix hit until it is evicted.
-        Pass a sequence's blocks tail first: its last blocks, the least likely to be shared
-        by another prompt, are then evicted first.
+        A plain block goes to the front, so it is reused first; the plain blocks of one
+        call keep their order there. A cached block goes to the back and keeps its hash, so
+        it can serve a prefix hit until it is evicted, least recently used first. Pass a
+        sequence's blocks tail first: its last blocks, the least likely to be shared by
+        another prompt, are then evicted first.
+
+        Raises:
+            ValueError: a block is freed more often than it is held; nothing changes.
         """
-        for block_id in block_ids:
-            if self.ref_cnt[block_id] <= 0:
+        block_ids = list(block_ids)
+        for block_id, count in Counter(block_ids).items():
+            if self.ref_cnt[block_id] < count:
                 raise ValueError(f"block {block_id} is freed but nobody holds it (double free)")
+        plain = []
+        for block_id in block_ids:
             self.ref_cnt[block_id] -= 1
             if self.ref_cnt[block_id] == 0:
-                self._free_queue[block_id] = None
                 self.num_held_blocks -= 1
+                if self.block_hash[block_id] is None:
+                    plain.append(block_id)
+                else:
+                    self._free_queue[block_id] = None
+        for block_id in reversed(plain):  # each to the front: the first freed ends up first
+            self._free_queue[block_id] = None
+            self._free_queue.move_to_end(block_id, last=False)
 
     def share(self, block_ids: Iterable[int]) -> None:
         """Add one holder to each held block (a fork: parent and child now share it)."""
@@ -116,8 +151,14 @@ class BlockPool:
         return match_prefix(self, block_size, token_ids)
 
     def lookup(self, block_hash: int) -> int | None:
-        """The block whose contents have this hash, or None; changes nothing."""
-        return self._cached.get(block_hash)
+        """A block whose contents have this hash (the first cached of its copies), or None;
+        changes nothing."""
+        blocks = self._cached.get(block_hash)
+        return blocks[0] if blocks else None
+
+    def cached_blocks(self, block_hash: int) -> list[int]:
+        """Every block that carries this hash, the one ``lookup`` finds first."""
+        return list(self._cached.get(block_hash, ()))
 
     def take_cached(self, block_id: int) -> None:
         """Add a holder to a block found by ``lookup``; a free one leaves the free queue."""
@@ -128,22 +169,30 @@ class BlockPool:
             self.num_held_blocks += 1
         self.ref_cnt[block_id] += 1
 
-    def cache(self, block_id: int, block_hash: int) -> bool:
+    def cache(self, block_id: int, block_hash: int) -> None:
         """Give a full, held block its hash so later prompts can find it.
 
-        Returns:
-            False when another block already serves this hash (two sequences computed the
-            same prefix side by side); this block then stays uncached.
+        If another block already serves this hash (two sequences computed the same prefix
+        side by side), this one is cached too, behind it: each sequence keeps the blocks it
+        computed, and a lookup still finds a copy after the first is evicted. Caching a
+        block again under its own hash changes nothing.
         """
         if self.ref_cnt[block_id] <= 0:
             raise ValueError(f"block {block_id} is free; only a held, full block can be cached")
-        if block_hash in self._cached or self.block_hash[block_id] is not None:
-            return self._cached.get(block_hash) == block_id
+        if self.block_hash[block_id] is not None:
+            if self.block_hash[block_id] != block_hash:
+                raise ValueError(f"block {block_id} is cached under another hash already")
+            return
         self.block_hash[block_id] = block_hash
-        self._cached[block_hash] = block_id
-        return True
+        self._cached.setdefault(block_hash, []).append(block_id)
+        self.num_cached_blocks += 1
 
     def _evict(self, block_id: int) -> None:
         """Forget a cached block's hash: its K/V are about to be overwritten."""
-        del self._cached[self.block_hash[block_id]]
+        block_hash = self.block_hash[block_id]
+        copies = self._cached[block_hash]
+        copies.remove(block_id)
+        if not copies:
+            del self._cached[block_hash]
         self.block_hash[block_id] = None
+        self.num_cached_blocks -= 1

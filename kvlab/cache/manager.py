@@ -32,7 +32,6 @@ Not handled here: the tensors, swapping to CPU memory (``kvlab.swap``), scheduli
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,8 +128,10 @@ class KVCacheManager(ABC):
         return 0
 
     def watermark_blocks(self, watermark: float) -> int:
-        """Units the admission rule keeps free for a ``watermark`` share of the pool."""
-        return math.ceil(watermark * self.num_blocks)
+        """Units the admission rule keeps free for a ``watermark`` share of the pool, rounded
+        down as vLLM 0.32.0 does (``KVCacheManager.watermark_blocks``,
+        ``vllm/v1/core/kv_cache_manager.py``; its V0 block manager did the same)."""
+        return int(watermark * self.num_blocks)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Units that ``num_tokens`` tokens fill."""
@@ -164,7 +165,7 @@ class KVCacheManager(ABC):
 
         The first step computes the tokens not found in the prefix cache, at most
         ``token_budget`` of them. They fit when, after taking their blocks, at least
-        ``ceil(watermark * num_blocks)`` blocks are still free: the reserve that lets
+        ``int(watermark * num_blocks)`` blocks are still free: the reserve that lets
         running sequences grow without being preempted.
 
         Args:

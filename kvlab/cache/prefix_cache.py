@@ -10,13 +10,18 @@ mean equal *prefixes*, not just equal 16-token windows:
                h0 equal          h1 differs: B reuses one block, computes the rest
 
 The pool (``kvlab.cache.block_pool``) keeps the hash of every full, computed block, held
-or free, until the block is evicted (least recently freed first). These two functions are
-the rest: ``match_prefix`` walks a new prompt's blocks and stops at the first hash the
-pool does not know; ``hash_full_blocks`` gives each block a sequence has just filled its
-chained hash, so later prompts can find it.
+or free, until the block is evicted (a free cached block goes after every plain free block,
+least recently used first). These two functions are the rest: ``match_prefix`` walks a
+new prompt's blocks and stops at the first hash the pool does not know; ``hash_full_blocks``
+gives each block a sequence has just filled its chained hash, so later prompts can find
+it. Two blocks may carry one hash (two sequences computed the same prefix side by side);
+the match takes the copy the pool finds first. As vLLM 0.32.0 (``hash_block_tokens`` in
+``vllm/v1/core/kv_cache_utils.py``, ``FullAttentionManager.find_longest_cache_hit`` in
+``single_type_kv_cache_manager.py``), but for the hash function:
 
-Not handled: extra hash keys (LoRA adapters, images), partial-block hits, hash collisions
-(Python's 64-bit ``hash`` makes them unlikely, not impossible; vLLM offers SHA-256).
+Not handled: extra hash keys (LoRA adapters, images, a cache salt), partial-block hits.
+Not handled: SHA-256 block hashes (vLLM's default ``--prefix-caching-hash-algo sha256``):
+kvlab hashes with Python's 64-bit ``hash``, so collisions are unlikely, not impossible.
 """
 
 from __future__ import annotations

@@ -1,20 +1,22 @@
 """Build it (lab 06): a block pool with a prefix cache of your own, checked, then run inside
 the engine.
 
-The learner writes five methods of a block pool (the stub, with its state, is in lab 06):
+The learner writes five methods of a block pool (the stub, with its state, is in lab 06),
+to vLLM 0.32.0's rules (``vllm/v1/core/block_pool.py``, as ``kvlab.cache.block_pool``):
 
-    allocate(num) -> block_ids        from the front of free_queue (least recently freed
-                                      first), ref_cnt 1 each; a cached block handed out is
-                                      evicted (its hash forgotten); CacheFullError and no
-                                      change when fewer than num are free
-    free(block_ids)                   ref_cnt - 1 each; at 0 a block joins the back of
-                                      free_queue and keeps its hash
-    cache(block_id, block_hash)       a full block becomes findable, unless another block
-                                      already serves that hash
+    allocate(num) -> block_ids        from the front of free_queue, ref_cnt 1 each; a cached
+                                      block handed out is evicted (its hash forgotten);
+                                      CacheFullError and no change when fewer than num are free
+    free(block_ids)                   ref_cnt - 1 each; at 0 a block without a hash goes to
+                                      the front of free_queue (one call's blocks in their
+                                      order), a cached one to the back, keeping its hash
+    cache(block_id, block_hash)       a full block becomes findable, even when another block
+                                      already serves that hash (cached[hash] lists the copies)
     take_cached(block_id)             a prefix hit: ref_cnt + 1; a free block leaves the queue
     match_prefix(block_size, ids)     the chained hashes of the prompt's full blocks, walked
                                       until the first the cache lacks, never the block of the
-                                      prompt's last token: (block_ids, block_hashes)
+                                      prompt's last token: (block_ids, block_hashes), each
+                                      block the first copy of its hash
 
 ``check_prefix_cache(MyBlockPool)`` grades it criterion by criterion. Seeded requests whose
 prompts share prefixes go through a ``BlockManager`` that takes its blocks from the
@@ -47,8 +49,7 @@ from kvlab.exercises.grading import (
 from kvlab.exercises.learner_pool import LearnerPool
 from kvlab.exercises.prefix_cache_engine import check_generation
 from kvlab.exercises.prefix_cache_grader import (
-    check_gap,
-    check_refusal,
+    PROBES,
     first_difference,
     random_ops,
     show_op,
@@ -60,8 +61,10 @@ CRITERIA = {
     "written": "allocate, free, cache, take_cached and match_prefix run (none raises "
     "NotImplementedError)",
     "ref_cnt": "ref_cnt counts holders: allocate 1, a prefix hit + 1, free - 1",
-    "lru": "free_queue is least recently freed first: allocate from the front, free to the back",
-    "cache": "a freed block keeps its hash until allocate reuses it; one block per hash",
+    "lru": "free_queue: plain blocks at the front, reused first; cached blocks at the back, "
+    "evicted least recently used first",
+    "cache": "a freed block keeps its hash until allocate reuses it; a second block with a "
+    "hash already cached is cached too",
     "match_prefix": "match_prefix finds the longest chained-hash prefix, short of the last token",
     "refuses": "allocate raises CacheFullError when too few blocks are free, changing nothing",
     "generation": "requests sharing a system prompt, through the engine, hit as kvlab's do",
@@ -69,18 +72,21 @@ CRITERIA = {
 STUCK = "Stuck? hint_prefix_cache(1), then 2 and 3; reveal_prefix_cache() shows kvlab's own."
 HINTS = (
     "free_queue is an OrderedDict used as a queue: popitem(last=False) takes the front, "
-    "free_queue[b] = None puts b at the back, del free_queue[b] takes b out of the middle "
-    "(a hit on a free block). cached maps block_hash -> block_id; block_hash[b] is the other "
-    "direction.",
-    "allocate: for each block taken from the front, if block_hash[b] is not None, delete "
-    "cached[block_hash[b]] and set block_hash[b] = None (eviction), then ref_cnt[b] = 1. "
-    "free: ref_cnt[b] -= 1, and at 0 free_queue[b] = None; keep the hash. take_cached: if "
-    "ref_cnt[b] == 0, del free_queue[b]; then ref_cnt[b] += 1.",
+    "free_queue[b] = None puts b at the back, move_to_end(b, last=False) moves it to the "
+    "front, del free_queue[b] takes b out of the middle (a hit on a free block). cached "
+    "maps block_hash -> [block_id, ...], the copies in the order they were cached; "
+    "block_hash[b] is the other direction.",
+    "allocate: for each block taken from the front, if block_hash[b] is not None, remove b "
+    "from cached[block_hash[b]] (delete the entry once empty) and set block_hash[b] = None "
+    "(eviction), then ref_cnt[b] = 1. free: ref_cnt[b] -= 1; at 0 a cached block goes to "
+    "the back (free_queue[b] = None), a block without a hash to the front: collect those, "
+    "then put them at the front in reverse, so the first freed ends up first. take_cached: "
+    "if ref_cnt[b] == 0, del free_queue[b]; then ref_cnt[b] += 1.",
     "match_prefix: parent = ROOT_HASH; for start in range(0, len(ids) - block_size, "
-    "block_size): parent = hash_block_tokens(parent, ids[start:start + block_size]); block = "
-    "cached.get(parent); stop if None, else keep (block, parent). The range stops before the "
-    "block of the last token. cache: if the hash is already in cached, or the block already "
-    "has a hash, change nothing.",
+    "block_size): parent = hash_block_tokens(parent, ids[start:start + block_size]); stop "
+    "if parent is not in cached, else keep (cached[parent][0], parent). The range stops "
+    "before the block of the last token. cache: if the block has no hash yet, append it to "
+    "cached.setdefault(block_hash, []) and set block_hash[block_id].",
 )
 
 
@@ -112,7 +118,7 @@ def check_prefix_cache(
         num_sequences,
         seed,
     )
-    for probe in (check_gap, check_refusal):
+    for probe in PROBES:
         failure = probe(pool_class)
         if failure is not None:
             failures.setdefault(failure[0], failure[1:])
@@ -168,6 +174,7 @@ def reveal_prefix_cache() -> str:
         BlockPool.cache,
         BlockPool.take_cached,
         BlockPool._evict,
+        BlockPool.lookup,
         match_prefix,
     )
     return "\n".join(inspect.getsource(method) for method in methods)

@@ -29,10 +29,14 @@ def _dynamic_start() -> float:
     return min(timeout_at, full_at)
 
 
+def _watermark_reserve() -> int:
+    """The blocks the admission rule keeps free: watermark x num_blocks, rounded down."""
+    return int(_WATERMARK * _WATERMARK_NUM_BLOCKS)  # as KVCacheManager.watermark_blocks
+
+
 def _watermark_free_blocks() -> int:
     """Free blocks needed to admit: the prompt's blocks plus the reserve that must stay."""
-    reserve = math.ceil(_WATERMARK * _WATERMARK_NUM_BLOCKS)  # as kvlab.engine.scheduler
-    return _WATERMARK_PROMPT_BLOCKS + reserve
+    return _WATERMARK_PROMPT_BLOCKS + _watermark_reserve()
 
 
 register(
@@ -96,11 +100,11 @@ register(
         ),
         answer=_watermark_free_blocks,
         hint="after it takes its blocks, watermark x num_blocks blocks (rounded "
-        "up) must still be free.",
+        "down, as vLLM does) must still be free.",
         mistakes=(
             Mistake(lambda: _WATERMARK_PROMPT_BLOCKS, "you left out the reserve."),
             Mistake(
-                lambda: math.ceil(_WATERMARK * _WATERMARK_NUM_BLOCKS),
+                _watermark_reserve,
                 "that is the reserve alone; the prompt's blocks come on top.",
             ),
         ),

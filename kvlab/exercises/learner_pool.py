@@ -6,7 +6,8 @@ wrong ``BlockPool`` would. ``call`` runs one learner method and tells a ``CacheF
 (allowed) from any other error (a bug in that method).
 
 Not handled: a pool without the stub's four attributes (``ref_cnt``, ``block_hash``,
-``free_queue``, ``cached``).
+``free_queue``, ``cached``: ``block_hash -> [block_id, ...]``, the copies of a hash in the
+order they were cached).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class LearnerPool:
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self.learner.cached)
+        return sum(len(blocks) for blocks in self.learner.cached.values())
 
     def free_block_ids(self) -> list[int]:
         return list(self.learner.free_queue)
@@ -80,7 +81,11 @@ class LearnerPool:
             self.learner.ref_cnt[block_id] += 1
 
     def lookup(self, block_hash: int) -> int | None:
-        return self.learner.cached.get(block_hash)
+        blocks = self.learner.cached.get(block_hash)
+        return blocks[0] if blocks else None
+
+    def cached_blocks(self, block_hash: int) -> list[int]:
+        return list(self.learner.cached.get(block_hash, ()))
 
     def take_cached(self, block_id: int) -> None:
         call("take_cached", self.learner.take_cached, block_id)

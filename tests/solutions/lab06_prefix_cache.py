@@ -31,19 +31,29 @@ class MyBlockPool:
         return taken
 
     def _forget(self, block):
-        if self.block_hash[block] is not None:
-            del self.cached[self.block_hash[block]]
+        block_hash = self.block_hash[block]
+        if block_hash is not None:
+            self.cached[block_hash].remove(block)
+            if not self.cached[block_hash]:
+                del self.cached[block_hash]
             self.block_hash[block] = None
 
     def free(self, block_ids):
+        plain = []
         for block in block_ids:
             self.ref_cnt[block] -= 1
             if self.ref_cnt[block] == 0:
-                self.free_queue[block] = None
+                if self.block_hash[block] is None:
+                    plain.append(block)
+                else:
+                    self.free_queue[block] = None  # cached: to the back
+        for block in reversed(plain):  # plain: to the front, the first freed first
+            self.free_queue[block] = None
+            self.free_queue.move_to_end(block, last=False)
 
     def cache(self, block_id, block_hash):
-        if block_hash not in self.cached and self.block_hash[block_id] is None:
-            self.cached[block_hash] = block_id
+        if self.block_hash[block_id] is None:
+            self.cached.setdefault(block_hash, []).append(block_id)
             self.block_hash[block_id] = block_hash
 
     def take_cached(self, block_id):
@@ -60,6 +70,6 @@ class MyBlockPool:
             )
             if parent not in self.cached:
                 break
-            blocks.append(self.cached[parent])
+            blocks.append(self.cached[parent][0])
             hashes.append(parent)
         return blocks, hashes
