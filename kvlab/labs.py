@@ -9,7 +9,8 @@
     recording.last_table(seq_id)            the last step at which a sequence held
                                             blocks, and its block table then
     recording.view(title, weight_bytes)     a step slider, page map and memory gauge over
-                                            the run, resting on its fullest step
+                                            the run, resting on its fullest step (each
+                                            step labelled, if labels are given)
     recording.in_hindsight(final_slots)     each step's fragmentation with the held slots
                                             the sequences wrote later split off as
                                             ``reservation`` (the paper's four kinds)
@@ -18,6 +19,8 @@
     recording.placements()                  where each range of a contiguous arena went
     waiting_at(result, step)                the requests that had arrived but not started:
                                             after that step they wait
+    block_step_labels(recording, result)    what each step of a paged run did: who started
+                                            in which blocks, who took a block, who ended
     describe_fullest(history, label)        the step where a cache held the most tokens,
                                             in words, and the mean use over the steps
                                             that held memory
@@ -118,9 +121,22 @@ class Recording:
             split.append(replace(frag, reservation=later, internal=frag.internal - later))
         return split
 
-    def view(self, title: str, weight_bytes: int, step: int | None = None) -> StepView:
-        """A ``StepView`` of the run, resting on ``step`` (default: the fullest)."""
-        return StepView(self.snapshots, title=title, weight_bytes=weight_bytes, step=step)
+    def view(
+        self,
+        title: str,
+        weight_bytes: int,
+        step: int | None = None,
+        labels: list[str] | None = None,
+    ) -> StepView:
+        """A ``StepView`` of the run, resting on ``step`` (default: the fullest), each step
+        titled by ``labels`` (one per step) where given, else "after step N"."""
+        snapshots = self.snapshots
+        if labels is not None:
+            if len(labels) != len(snapshots):
+                raise ValueError(f"{len(labels)} labels for {len(snapshots)} steps: give one each")
+            pairs = zip(snapshots, labels, strict=True)
+            snapshots = [replace(snapshot, label=label) for snapshot, label in pairs]
+        return StepView(snapshots, title=title, weight_bytes=weight_bytes, step=step)
 
 
 def waiting_at(result: ServeResult, step: int) -> list[int]:
@@ -136,6 +152,42 @@ def waiting_at(result: ServeResult, step: int) -> list[int]:
         )
         if start is not None and arrival <= step < start
     ]
+
+
+def block_step_labels(recording: Recording, result: ServeResult) -> list[str]:
+    """What each recorded step of a paged run did, as a ``PoolSnapshot`` label: "step 8"
+    alone when requests only wrote into blocks they held, else "step 8: " and who started
+    in which blocks, who took a new block, who ended and who waits.
+
+    In that order, as the engine does it: a step first gives blocks to the requests it
+    schedules, runs the model, then frees the blocks of the requests that finished (they
+    serve others from the next step). Needs ``Recording(tables=True)``.
+    """
+    if not recording.record_tables:
+        raise ValueError("block_step_labels() needs a Recording(tables=True)")
+    labels = []
+    before: dict[int, list[int]] = {}
+    for snapshot, tables in zip(recording.snapshots, recording.tables, strict=True):
+        started = [s for s in tables if s not in before]
+        if before or len(started) == 1:
+            events = [f"request {s} started in blocks {_ids(tables[s])}" for s in started]
+        else:  # the first requests: the map shows where each went
+            events = [f"requests {_ids(started)} started"] if started else []
+        events += [
+            f"request {s} took block {_ids(table[len(before[s]) :])}"
+            for s, table in tables.items()
+            if s in before and len(table) > len(before[s])
+        ]
+        events += [f"request {s} ended" for s in before if s not in tables]
+        events += [f"request {s} waits" for s in waiting_at(result, snapshot.step)]
+        step = f"step {snapshot.step}"
+        labels.append(f"{step}: " + "; ".join(events) if events else step)
+        before = tables
+    return labels
+
+
+def _ids(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers))
 
 
 def describe_fullest(history: list[Fragmentation], label: str) -> tuple[str, Fragmentation]:

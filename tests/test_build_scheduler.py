@@ -331,6 +331,9 @@ def test_a_step_scheduler_refuses_other_settings():
 
 def test_help_comes_in_steps():
     assert [hint_scheduler(level)[:4] for level in (1, 2, 3)] == ["Each", "Toke", "sche"]
+    # The last hint is numbered steps, shown as lines in a notebook (not a quoted string).
+    steps = hint_scheduler(3)
+    assert repr(steps) == str(steps) and "  2. stop the loop if the budget is 0;" in steps
     with pytest.raises(ValueError, match="level=4 is not allowed"):
         hint_scheduler(4)
     assert "def _schedule_running" in reveal_scheduler()

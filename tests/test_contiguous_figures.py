@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from conftest import random_prompts
@@ -27,7 +28,6 @@ from kvlab.widgets.contiguous_figures import (
     Queue,
     _waits,
     arena_step_view,
-    concurrency_figure,
     queue_svg,
     queues,
     slots_over_time_figure,
@@ -75,6 +75,22 @@ def test_each_step_is_labelled_with_who_ended_who_was_placed_and_who_waits(run):
     assert labels[4] == "step 4: request 1 ended; request 2 fits, starts next step"
     assert labels[5] == "step 5: request 2 placed at 0-11"
     assert labels[-1] == "step 8: request 2 ended"
+
+
+def test_a_step_places_before_it_frees_so_its_label_says_so():
+    """One step placed request 2 and ended request 1 (the engine schedules first and frees
+    finished requests at the step's end): the label lists them in that order."""
+    recording = Recording(arena=True)
+    for step, ranges, holes in [
+        (0, {0: (0, 4), 1: (4, 4)}, [(8, 8)]),
+        (1, {0: (0, 4), 2: (8, 6)}, [(4, 4), (14, 2)]),
+    ]:
+        recording.snapshots.append(SimpleNamespace(step=step))
+        recording.ranges.append(ranges)
+        recording.holes.append(holes)
+    result = SimpleNamespace(refused={}, arrival_steps=[0, 0, 1], start_steps=[0, 0, 1])
+    labels = step_labels(recording, result, [4, 4, 6])
+    assert labels == ["step 0", "step 1: request 2 placed at 8-13; request 1 ended"]
 
 
 def test_behind_the_first_in_line_the_others_only_wait():
@@ -147,6 +163,12 @@ def test_the_split_figure_stacks_the_papers_four_kinds_and_free():
         split_figure({}, title="x")
 
 
+def test_the_split_figure_leaves_out_a_part_no_policy_has():
+    fig = split_figure({"a": split(10, 5, 80, 0), "b": split(20, 5, 5, 0)}, title="t")
+    assert "external fragmentation" not in [t.name for t in fig.data]
+    assert len(fig.data) == len(PARTS) - 1
+
+
 def test_over_time_external_counts_only_while_a_request_waits():
     history = [split(10, 0, 0, 30), split(10, 0, 0, 30), split(10, 0, 0, 30)]
     fig = slots_over_time_figure(history, [[], [4], [4]], title="holes")
@@ -155,19 +177,8 @@ def test_over_time_external_counts_only_while_a_request_waits():
     assert list(external.y) == [0, 30, 30] and list(free.y) == [90, 60, 60]
     (shade,) = fig.layout.shapes
     assert (shade.x0, shade.x1) == (1, 3)  # steps 1 and 2, each drawn one step wide
-    assert fig.layout.annotations[0].text == "request 4 waits"
+    assert shade.fillcolor and shade.line.width == 0  # shaded, as the annotation says
+    assert fig.layout.annotations[0].text == "request 4 waits (shaded)"
     assert fig.layout.xaxis.title.text == "step" and fig.layout.yaxis.title.text == "slots"
     with pytest.raises(ValueError, match="give one each"):
         slots_over_time_figure(history, [[]], title="x")
-
-
-def test_the_concurrency_figure_hatches_the_clairvoyant_policy():
-    fig = concurrency_figure({"max_model_len": 4, "exact": 33, "clairvoyant": 37}, title="t")
-    (bars,) = fig.data
-    assert list(bars.x) == ["max_model_len", "exact", "clairvoyant"]
-    assert list(bars.y) == [4, 33, 37]
-    assert list(bars.marker.pattern.shape) == ["", "", "/"]
-    assert fig.layout.yaxis.title.text == "requests running at once"
-    assert fig.layout.xaxis.title.text == "reservation policy"
-    with pytest.raises(ValueError, match="concurrency is empty"):
-        concurrency_figure({}, title="x")

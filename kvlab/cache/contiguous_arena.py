@@ -180,14 +180,23 @@ class ContiguousArena:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
         start = self._first_fit(num_slots)
         if start is None:
-            raise CacheFullError(
-                f"seq {seq_id} needs {num_slots} contiguous slots; {self.num_free_slots} of "
-                f"{self.num_slots} are free but the largest hole has {self.largest_hole}"
-            )
+            raise CacheFullError(self._refusal(seq_id, num_slots))
         self._ranges[seq_id] = Range(start, num_slots)
         bisect.insort(self._starts, (start, seq_id))
         self.num_reserved_slots += num_slots
         return start
+
+    def _refusal(self, seq_id: int, num_slots: int) -> str:
+        """Why no hole takes ``num_slots``: too few free slots, or free slots in holes too
+        short (external fragmentation)."""
+        need = f"seq {seq_id} needs {num_slots} contiguous slots"
+        free = self.num_free_slots
+        if self.largest_hole == free:  # one hole (or none): the total is what is short
+            return f"{need}; only {free} of {self.num_slots} are free"
+        return (
+            f"{need}; {free} of {self.num_slots} are free but the largest hole has "
+            f"{self.largest_hole}"
+        )
 
     def grow(self, seq_id: int, num_new_tokens: int) -> int:
         """Let ``seq_id`` hold ``num_new_tokens`` more tokens inside its range.

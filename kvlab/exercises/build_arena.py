@@ -36,7 +36,15 @@ from kvlab.exercises.arena_grader import (
     shrink,
     valid_ops,
 )
-from kvlab.exercises.grading import Report, Verdict, one_torch_thread, show_ops, shrunk_failures
+from kvlab.exercises.grading import (
+    Hint,
+    Report,
+    Verdict,
+    hint,
+    one_torch_thread,
+    show_ops,
+    shrunk_failures,
+)
 
 CRITERIA = {
     "written": "reserve, free and holes run (none raises NotImplementedError)",
@@ -58,7 +66,7 @@ HINTS = (
 )
 
 
-STUCK = "Stuck? hint_arena(1), then 2 and 3; reveal_arena() shows kvlab's own."
+STUCK = "Stuck? hint_arena(1), then 2 and 3; print(reveal_arena()) shows kvlab's own."
 
 
 def _report(verdicts: list[Verdict]) -> Report:
@@ -219,11 +227,9 @@ class LearnerArena(ContiguousArena):
         self.num_used_slots -= r.num_tokens
 
 
-def hint_arena(level: int = 1) -> str:
+def hint_arena(level: int = 1) -> Hint:
     """Help in steps: 1 a nudge, 2 the holes, 3 the whole algorithm."""
-    if not 1 <= level <= len(HINTS):
-        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
-    return HINTS[level - 1]
+    return hint(HINTS, level)
 
 
 def reveal_arena() -> str:

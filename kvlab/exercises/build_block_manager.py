@@ -44,8 +44,10 @@ from kvlab.exercises.block_manager_grader import (
     valid_ops,
 )
 from kvlab.exercises.grading import (
+    Hint,
     Report,
     Verdict,
+    hint,
     show_ops,
     shrunk_failures,
     verdicts_until_failure,
@@ -72,7 +74,9 @@ CRITERIA = {
     "refusal_changes_nothing": "a refused allocate_slots leaves every table and count as it was",
     "generation": "real requests (one forked) through the engine give kvlab's tokens",
 }
-STUCK = "Stuck? hint_block_manager(1), then 2 and 3; reveal_block_manager() shows kvlab's own."
+STUCK = (
+    "Stuck? hint_block_manager(1), then 2 and 3; print(reveal_block_manager()) shows kvlab's own."
+)
 
 HINTS = (
     "A sequence's blocks are block_tables[seq_id]; it needs ceil(num_tokens / block_size) of "
@@ -157,11 +161,9 @@ def check_written(manager_class) -> Verdict:
     return Verdict("written", True)
 
 
-def hint_block_manager(level: int = 1) -> str:
+def hint_block_manager(level: int = 1) -> Hint:
     """Help in steps: 1 a nudge, 2 copy-on-write, fork and free, 3 the whole algorithm."""
-    if not 1 <= level <= len(HINTS):
-        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
-    return HINTS[level - 1]
+    return hint(HINTS, level)
 
 
 def reveal_block_manager() -> str:

@@ -32,7 +32,7 @@ import warnings
 import numpy as np
 import torch
 
-from kvlab.exercises.grading import Report, Verdict, engine_stopped, one_torch_thread
+from kvlab.exercises.grading import Hint, Report, Verdict, engine_stopped, hint, one_torch_thread
 
 __all__ = ["CRITERIA", "check_kernel", "decode_with", "hint_kernel", "reveal_kernel"]
 
@@ -297,11 +297,9 @@ def check_generation(kernel, model=None) -> Verdict:
     )
 
 
-def hint_kernel(level: int = 1) -> str:
+def hint_kernel(level: int = 1) -> Hint:
     """Help in steps: 1 where to start, 2 the masked online softmax, 3 the whole loop."""
-    if not 1 <= level <= len(HINTS):
-        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
-    return HINTS[level - 1]
+    return hint(HINTS, level)
 
 
 def reveal_kernel() -> str:

@@ -39,9 +39,11 @@ from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.scheduler_output import SchedulerOutput
 from kvlab.exercises.grading import (
+    Hint,
     Report,
     Verdict,
     engine_stopped,
+    hint,
     model_and_prompts,
     one_torch_thread,
     shrunk_failures,
@@ -92,15 +94,21 @@ HINTS = (
     "the victim. preempt: remove it from self.running, self.kv.free(victim.seq_id), "
     "num_computed_tokens = 0, status WAITING, self.waiting.push_front(victim), "
     "out.preempted.append(victim).",
-    "schedule_running: for request in list(self.running): if request.status is not "
-    "RequestStatus.RUNNING: continue; n = min(left, budget); try allocate, on "
-    "CacheFullError preempt the newest and retry (break out if the request itself was "
-    "preempted); out.add(request, n); budget -= n; return budget. admit_waiting: for "
-    "request in self.waiting: stop when budget <= 0 or len(self.running) >= "
-    "self.config.max_num_seqs; "
-    "n = self.kv_admit(request, budget); stop if None; status RUNNING, append to "
-    "self.running, out.add(request, n), out.admitted.append(request), budget -= n; after "
-    "the loop, self.waiting.remove each admitted request.",
+    "schedule_running, for each request in list(self.running):\n"
+    "  1. skip it if its status is no longer RequestStatus.RUNNING;\n"
+    "  2. stop the loop if the budget is 0;\n"
+    "  3. n = min(request.num_tokens - request.num_computed_tokens, budget);\n"
+    "  4. try self.allocate(request, n, out); on CacheFullError preempt the newest running\n"
+    "     request and try again; if the request itself was preempted, go to the next one\n"
+    "     without adding it;\n"
+    "  5. out.add(request, n); budget -= n.\n"
+    "  Return the budget left.\n"
+    "admit_waiting, for each request in self.waiting:\n"
+    "  1. stop if the budget is 0 or len(self.running) >= self.config.max_num_seqs;\n"
+    "  2. n = self.kv_admit(request, budget); stop if it is None;\n"
+    "  3. status RUNNING, append to self.running, out.add(request, n),\n"
+    "     out.admitted.append(request), budget -= n.\n"
+    "  After the loop, self.waiting.remove(r) for each admitted request r.",
 )
 
 
@@ -244,11 +252,9 @@ def check_generation(scheduler_class, model=None, prompts=None) -> Verdict:
     )
 
 
-def hint_scheduler(level: int = 1) -> str:
+def hint_scheduler(level: int = 1) -> Hint:
     """Help in steps: 1 a nudge, 2 preemption, 3 the whole algorithm."""
-    if not 1 <= level <= len(HINTS):
-        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
-    return HINTS[level - 1]
+    return hint(HINTS, level)
 
 
 REVEAL_NOTE = (

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -152,6 +152,25 @@ def verdicts_until_failure(criteria: list[str], failures: dict[str, tuple[str, s
 
 
 CHAT_QUESTIONS = ("What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3.")
+
+
+class Hint(str):
+    """A hint's text. A notebook shows it as text, line breaks and all, where a plain
+    string would show quoted, with its line breaks as ``\\n``."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def hint(hints: Sequence[str], level: int) -> Hint:
+    """Hint ``level`` of a build-it: 1 is a nudge, the last the whole algorithm in steps.
+
+    Raises:
+        ValueError: a level outside 1..len(hints).
+    """
+    if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= len(hints):
+        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(hints)}")
+    return Hint(hints[level - 1])
 
 
 def model_and_prompts(model=None, prompts=None):

@@ -37,7 +37,9 @@ class StepScheduler(Scheduler):
         self.waiting: the waiting queue (iterate it in admission order; ``remove``,
             ``push_front``).
         self.config: ``max_num_seqs``, ``max_num_batched_tokens``.
-        request.num_tokens, request.num_computed_tokens, request.status.
+        request.num_tokens (its prompt and the tokens it generated so far),
+            request.num_computed_tokens (those already in the KV cache: the engine
+            advances it after each step, never the scheduler), request.status.
         out.add(request, num_new), out.admitted, out.preempted.
     """
 

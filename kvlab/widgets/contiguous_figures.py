@@ -10,16 +10,18 @@ and why).
                                   a step view of a recorded run, each step labelled, with
                                   the waiting requests drawn beside the holes
     step_labels(recording, result, request_sizes)
-                                  those labels ("step 8: request 4 waits: ...")
+                                  those labels ("step 8: request 4 waits: ..."), in the
+                                  order of a step: placed, then ended, then who waits
     split_figure(splits, title)   the PagedAttention paper's four kinds of KV memory, and
                                   free, at one moment: one bar per policy
     slots_over_time_figure(history, waiting, title)
-                                  the same split at every step of a run, stacked
-    concurrency_figure(concurrency, title)
-                                  requests running at once, one bar per policy
+                                  the same split at every step of a run, stacked, the
+                                  steps where a request waits shaded
 
 Used, reserved-but-unused and free slots take the memory gauge's colours; the paper's
-reservation, internal and external fragmentation keep lab 03's.
+reservation, internal and external fragmentation keep lab 03's. Requests running at once
+per policy is ``kvlab.widgets.memory_figures.concurrency_figure``, one chart for labs 02
+and 03.
 
 Not handled: paged caches (a paged request never waits for a hole), live updates of the
 plotly figures.
@@ -48,8 +50,8 @@ PARTS = {  # Fragmentation attribute -> (legend name, colour)
     "external": ("external fragmentation", "#d6604d"),
     "free": ("free", COLORS["KV free"]),
 }
-POLICY_COLOR = COLORS["KV reserved, unused"]  # a contiguous policy's bar
 HOLE_COLOR = "#9a9a9a"
+WAITING_SHADE = "#777777"  # the steps where a request waits for a range
 _LABEL_PX, _BAR_H, _ROW_H = 120, 14, 22  # the queue strip's label column, bar and row
 
 
@@ -111,7 +113,11 @@ def step_labels(
     recording: Recording, result: ServeResult, request_sizes: Sequence[int]
 ) -> list[str]:
     """What happened in each recorded step, as a ``PoolSnapshot`` label: "step 8" alone
-    when requests only decoded, else "step 8: " and who ended, was placed or waits.
+    when requests only decoded, else "step 8: " and who was placed, ended or waits.
+
+    In that order, as the engine does it: a step first places (schedules) the requests it
+    admits, runs the model, then frees the ranges of the requests that finished. So a range
+    freed in step 12 serves a waiting request only in step 13.
 
     Requests are named by their ``seq_id``, which ``serve`` numbers like the prompts when
     it refuses none. Requests wait first come first served, so the first in line says why
@@ -126,13 +132,14 @@ def step_labels(
     before: dict[int, tuple[int, int]] = {}
     for index, queue in enumerate(queues(recording, result, request_sizes)):
         ranges = recording.ranges[index]
-        events = [f"request {s} ended" for s in sorted(set(before) - set(ranges))]
+        events = []
         if index:  # at step 0 every first request is placed: the map says where
             events += [
                 f"request {s} placed at {start}-{start + n - 1}"
                 for s, (start, n) in ranges.items()
                 if s not in before
             ]
+        events += [f"request {s} ended" for s in sorted(set(before) - set(ranges))]
         events += _waits(queue)
         step = recording.snapshots[index].step
         labels.append(f"step {step}: " + "; ".join(events) if events else f"step {step}")
@@ -280,7 +287,8 @@ def arena_step_view(
 
 
 def split_figure(splits: dict[str, Fragmentation], title: str) -> go.Figure:
-    """One horizontal bar per policy: its slots split into the paper's four kinds and free.
+    """One horizontal bar per policy: its slots split into the paper's four kinds and free
+    (only the parts some policy has, so that the legend names nothing undrawn).
 
     Args:
         splits: policy -> its ``Fragmentation`` at one moment (in hindsight, so that
@@ -293,6 +301,8 @@ def split_figure(splits: dict[str, Fragmentation], title: str) -> go.Figure:
     fig = go.Figure()
     for attr, (name, color) in PARTS.items():
         shares = [100 * getattr(f, attr) / f.capacity for f in splits.values()]
+        if not any(shares):  # a part no policy has: no bar, no legend entry
+            continue
         fig.add_bar(
             y=names,
             x=shares,
@@ -351,8 +361,11 @@ def slots_over_time_figure(
         fig.add_vrect(
             x0=first,
             x1=last + 1,
-            line=dict(color="#333333", width=1, dash="dash"),
-            annotation_text=f"request {names} waits",
+            fillcolor=WAITING_SHADE,
+            opacity=0.18,
+            layer="above",
+            line_width=0,
+            annotation_text=f"request {names} waits (shaded)",
             annotation_position="top left",
         )
     fig.update_layout(
@@ -375,36 +388,3 @@ def _waiting_runs(waiting: Sequence[Sequence[int]]) -> list[tuple[int, int, tupl
         elif who:
             runs.append((step, step, who))
     return runs
-
-
-def concurrency_figure(concurrency: dict[str, int], title: str) -> go.Figure:
-    """One bar per policy: how many requests it ran at once.
-
-    Args:
-        concurrency: policy -> requests at once. A policy named "clairvoyant" (it knows
-            every true output length, which no server does) is hatched.
-        title: what to see.
-    """
-    if not concurrency:
-        raise ValueError("concurrency is empty: give at least one policy's count")
-    names = list(concurrency)
-    fig = go.Figure(
-        go.Bar(
-            x=names,
-            y=list(concurrency.values()),
-            text=list(concurrency.values()),
-            textposition="outside",
-            marker=dict(
-                color=POLICY_COLOR,
-                pattern_shape=["/" if "clairvoyant" in n else "" for n in names],
-            ),
-        )
-    )
-    fig.update_layout(
-        title=title,
-        xaxis_title="reservation policy",
-        yaxis=dict(title="requests running at once", range=[0, 1.2 * max(concurrency.values())]),
-        height=340,
-        margin=dict(t=50, b=40),
-    )
-    return fig

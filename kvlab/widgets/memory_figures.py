@@ -1,14 +1,17 @@
-"""Lab 03's figures of where KV memory goes: requests that fit, block sizes, the paper's bars.
+"""Labs 02 and 03's figures of where KV memory goes: requests that fit, block sizes, the
+paper's bars.
 
-    concurrency_figure        requests running at once in one KV budget, per allocator
+    concurrency_figure        requests running at once in one KV budget, per allocator:
+                              contiguous policies in one colour, paged in another, the
+                              clairvoyant policy hatched (the same chart in both labs)
     block_size_figure         empty slots against block-table entries, one curve per workload
     where_memory_goes_figure  the simulator's split of KV memory beside the PagedAttention
                               paper's Figure 2, one stacked bar per allocator and model
 
-Every figure is a plotly ``go.Figure`` built from what ``kvlab.measure.experiments`` and
+The plotly figures are ``go.Figure``s built from what ``kvlab.measure.experiments`` and
 ``kvlab.sim`` return; the memory parts keep lab 02's colours (token states green, internal
-fragmentation orange). Not handled: live updates, other allocators than the four of
-``kvlab.sim.paper``.
+fragmentation orange), and no allocator's bar takes one of them. Not handled: live
+updates, other allocators than the four of ``kvlab.sim.paper``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,23 @@ from kvlab.measure.experiments import BlockSizeCost
 from kvlab.sim.metrics import SimResult
 from kvlab.sim.paper import PUBLISHED_BREAKDOWN
 
-CONTIGUOUS_COLOR = "#f0a73a"
-PAGED_COLOR = "#2e9e5b"
+# An allocator's bar: neither colour is one of the memory parts' below.
+CONTIGUOUS_COLOR = "#2b5d8c"
+PAGED_COLOR = "#7a4f9e"
+# (legend, colour, hatching) of each kind of allocator in the concurrency chart
+ALLOCATOR_KINDS = {
+    "contiguous": (
+        "contiguous: one range per request, sized before it starts",
+        CONTIGUOUS_COLOR,
+        "",
+    ),
+    "clairvoyant": (
+        "hatched: clairvoyant, sized by each answer's true length (no server knows it)",
+        CONTIGUOUS_COLOR,
+        "/",
+    ),
+    "paged": ("paged: one block at a time, as a request grows", PAGED_COLOR, ""),
+}
 
 # The parts of KV memory, as the paper's Figure 2 splits it: (legend, SimResult attribute,
 # colour). The colours are lab 02's and the memory gauge's (used, reserved, free).
@@ -38,30 +56,51 @@ NOT_BROKEN_DOWN = "not broken down in the paper"
 PAPER = "paper"
 
 
-def concurrency_figure(
-    concurrency: Mapping[str, int],
-    title: str = "Paged runs more requests at once than any contiguous policy",
-) -> go.Figure:
-    """Requests running at once, one bar per allocator; names starting "paged" are green.
+def allocator_kind(name: str) -> str:
+    """The kind of allocator ``name`` is: paged (it starts "paged"), clairvoyant (it
+    names it) or contiguous (a reservation policy: ``max_model_len``, ``pow2``, ``exact``)."""
+    if name.startswith("paged"):
+        return "paged"
+    return "clairvoyant" if "clairvoyant" in name else "contiguous"
+
+
+def concurrency_figure(concurrency: Mapping[str, int], title: str) -> go.Figure:
+    """Requests running at once, one bar per allocator, in the order given.
+
+    Contiguous policies share one colour and paged allocators another; the clairvoyant
+    policy (it knows every true output length, which no server does) is a contiguous bar,
+    hatched. The legend names the kinds drawn, and the hatching.
 
     Args:
-        concurrency: allocator name -> requests it ran at once (``max_concurrency``).
+        concurrency: allocator name -> requests it ran at once (``max_concurrency``);
+            ``allocator_kind`` reads each name.
         title: what to see.
     """
     if not concurrency:
         raise ValueError("concurrency is empty: give at least one allocator's count")
     names = list(concurrency)
-    counts = list(concurrency.values())
-    colors = [PAGED_COLOR if n.startswith("paged") else CONTIGUOUS_COLOR for n in names]
-    fig = go.Figure(
-        go.Bar(x=names, y=counts, text=counts, textposition="outside", marker_color=colors)
-    )
+    fig = go.Figure()
+    for kind, (legend, color, hatch) in ALLOCATOR_KINDS.items():
+        mine = [n for n in names if allocator_kind(n) == kind]
+        if not mine:
+            continue
+        counts = [concurrency[n] for n in mine]
+        fig.add_bar(
+            x=mine,
+            y=counts,
+            text=counts,
+            textposition="outside",
+            name=legend,
+            marker=dict(color=color, pattern=dict(shape=hatch, fillmode="overlay")),
+        )
     fig.update_layout(
         title=title,
-        xaxis_title="allocator",
-        yaxis=dict(title="requests running at once", range=[0, 1.15 * max(counts)]),
-        height=340,
-        margin=dict(t=50, b=50),
+        barmode="overlay",  # one bar per name: each as wide as the slot
+        xaxis=dict(title="allocator", categoryorder="array", categoryarray=names),
+        yaxis=dict(title="requests running at once", range=[0, 1.18 * max(concurrency.values())]),
+        height=380,
+        margin=dict(t=50, b=40),
+        legend=dict(orientation="h", yanchor="bottom", y=0, yref="container", x=0),
     )
     return fig
 
@@ -69,12 +108,13 @@ def concurrency_figure(
 def block_size_figure(
     tradeoff: Mapping[str, Sequence[BlockSizeCost]],
     num_seqs: Mapping[str, int],
-    title: str = "Bigger blocks mean fewer table entries but more empty slots, fast past 32 tokens",
+    title: str = "Each doubling of block_size halves the table and about doubles the empty slots",
 ) -> go.Figure:
     """Empty slots against block-table entries per sequence, one curve per workload.
 
-    Each point is one block size (its label); going left means bigger blocks. The x axis
-    is logarithmic: each halving of ``block_size`` doubles the entries.
+    Each point is one block size, labelled with it (the legend says so); going left means
+    bigger blocks. The x axis is logarithmic, labelled at powers of ten only: each halving
+    of ``block_size`` doubles the entries.
 
     Args:
         tradeoff: workload name -> ``block_size_tradeoff`` of its sequences.
@@ -109,11 +149,18 @@ def block_size_figure(
             title="block-table entries per sequence (log scale)",
             type="log",
             range=[math.log10(min(entries)) - 0.2, math.log10(max(entries)) + 0.2],
+            dtick=1,  # 1, 10, 100: no minor labels between them
         ),
         yaxis=dict(title="empty slots in held blocks (%)", range=[-8, 1.12 * most_waste + 2]),
         height=420,
         margin=dict(t=50, b=50),
-        legend=dict(x=0.99, xanchor="right", y=0.98, bgcolor="rgba(255,255,255,0.8)"),
+        legend=dict(
+            title_text="point labels: block_size (tokens per block)",
+            x=0.99,
+            xanchor="right",
+            y=0.98,
+            bgcolor="rgba(255,255,255,0.8)",
+        ),
     )
     return fig
 

@@ -80,6 +80,8 @@ class StepView(widgets.VBox):
         title: shown in the map's title, with the step.
         weight_bytes: the model's parameter bytes, for the gauge.
         step: the index to rest on; default the fullest step.
+        gauge: False leaves the memory gauge out of the view, its picture and its text:
+            for a few bookkeeping calls on a small pool, where only the map speaks.
 
     Attributes:
         page_map, gauge, slider, play: the parts.
@@ -92,8 +94,10 @@ class StepView(widgets.VBox):
         title: str = "",
         weight_bytes: int = 0,
         step: int | None = None,
+        gauge: bool = True,
     ) -> None:
         self.snapshots: list[PoolSnapshot] = []
+        self.with_gauge = gauge
         self.base_title = title
         self._moving = False
         self.page_map = PageMap(title=title)
@@ -110,7 +114,8 @@ class StepView(widgets.VBox):
         self.play = widgets.Play(value=0, min=0, max=0, interval=300, description="play")
         widgets.jslink((self.play, "value"), (self.slider, "value"))
         self.slider.observe(self._on_slider, names="value")
-        super().__init__([widgets.HBox([self.play, self.slider]), self.page_map, self.gauge])
+        parts = [widgets.HBox([self.play, self.slider]), self.page_map]
+        super().__init__(parts + ([self.gauge] if gauge else []))
         self.add_class("kvlab-step-view")
         if snapshots or step is not None:
             self.load(snapshots, step)
@@ -162,11 +167,15 @@ class StepView(widgets.VBox):
 
     def to_text(self) -> str:
         """The step shown, the map's and the gauge's numbers."""
+        if not self.with_gauge:
+            return self.page_map.to_text()
         return f"{self.page_map.to_text()}\n{self.gauge.summary}"
 
     def to_svg(self, kv_only: bool = False) -> str:
         """The map and the gauge at the step shown, as one static picture; ``kv_only``
         leaves out the gauge's bar of all memory."""
+        if not self.with_gauge:
+            return self.page_map.to_svg()
         return stack_svgs([self.page_map.to_svg(), self.gauge.to_svg(kv_only=kv_only)])
 
     def frame_svgs(self, indices: list[int]) -> list[str]:
