@@ -18,6 +18,7 @@ from kvlab.measure.replay import TraceRequests, replay
 from kvlab.memory import preset
 from kvlab.sim.trace import make_trace
 from kvlab.widgets.batching_figures import (
+    PreemptionRecording,
     budget_figure,
     counts_over_time,
     queue_figure,
@@ -71,6 +72,27 @@ def test_queue_figure_draws_running_and_waiting_per_run_under_the_seats(policies
     assert fig.layout.xaxis3.title.text == "time (s)"
     seats = [t for t in fig.data if t.name.startswith("seats")]
     assert all(list(t.y) == [4, 4] for t in seats)
+
+
+def test_queue_rows_share_one_time_range_and_one_requests_range(policies):
+    fig = queue_figure(policies, max_num_seqs=4)
+    first_arrival = min(min(r.arrival_times) for r in policies.values())
+    last_end = max(counts_over_time(r)[0][-1] for r in policies.values())
+    # The seat line runs to the end of the longest run in every row, not its own.
+    seats = [t for t in fig.data if t.name.startswith("seats")]
+    assert len(seats) == len(policies)
+    assert all(list(t.x) == [first_arrival, last_end] for t in seats)
+    assert list(fig.layout.xaxis.range) == [first_arrival, last_end]
+    y_ranges = [tuple(fig.layout[f"yaxis{k if k > 1 else ''}"].range) for k in (1, 2, 3)]
+    assert len(set(y_ranges)) == 1  # heights compare across rows
+    tallest = max(max(t.y) for t in fig.data)
+    assert y_ranges[0][0] == 0 and y_ranges[0][1] > tallest
+
+
+def test_timeline_rows_are_named_as_the_step_log_names_requests(policies):
+    fig = timeline_figure({"static": policies["static"]})
+    assert list(fig.layout.yaxis.categoryarray) == [f"r{i}" for i in range(8)]
+    assert "r0:P" in policies["static"].step_log()
 
 
 def test_dynamic_batching_waits_before_its_first_step_and_the_counts_show_it(policies):
@@ -189,3 +211,56 @@ def test_every_sweep_panel_starts_at_zero(policies):
     sweeps = {"a": {0.0: policies["static"], 0.1: policies["dynamic"]}}
     fig = sweep_figure(sweeps, {"e2e_p99": "E2E", "num_preemptions": "preemptions"}, "knob")
     assert fig.layout.yaxis.rangemode == fig.layout.yaxis2.rangemode == "tozero"
+
+
+def recorded(model, mode):
+    """A tight pool's replay with a PreemptionRecording, and the recording."""
+    llm = tiny_llm(model, num_blocks=16, preemption_mode=mode, enable_prefix_caching=False)
+    recording = PreemptionRecording(llm)
+    work = requests(num_requests=8, rate=40.0, max_output_len=24)
+    return replay(llm, work, on_step=recording.on_step), recording
+
+
+def test_a_preemption_recording_keeps_and_labels_the_steps_around_each_preemption(tiny_model):
+    result, recording = recorded(tiny_model, "recompute")
+    frames, rest = recording.frames(result)
+    steps = {s.step: s for s in result.metrics.steps}
+    preempting = [s.step for s in result.metrics.steps if s.preempted]
+    assert preempting and len(frames) < len(steps)  # only the steps that matter
+    by_step = {f.step: f for f in frames}
+    for step in preempting:
+        assert "preempted: " in by_step[step].label and "blocks freed" in by_step[step].label
+        assert step - 1 in by_step  # the pool before, the victim's blocks still held
+    assert frames[rest].step == preempting[0]
+    # The label counts the blocks the victim held the step before.
+    first = frames[rest]
+    victim = steps[first.step].preempted[0]
+    seq_id = int(first.label.split("(seq ")[1].split(")")[0])
+    held = sum(seq_id in b.seq_ids for b in frames[rest - 1].infos)
+    assert first.label.startswith(f"r{[o.request_id for o in result.outputs].index(victim)} ")
+    assert f"preempted: {held} blocks freed" in first.label and held > 0
+    assert not any(seq_id in b.seq_ids for b in first.infos)  # its blocks are gone
+    resumed = [f for f in frames if "resumed" in f.label]
+    assert resumed and all(f.step > preempting[0] for f in resumed)
+    view = recording.view(result, title="Out of blocks", weight_bytes=1000)
+    assert view.slider.value == rest
+    assert "Out of blocks: r" in view.page_map.title and "freed" in view.page_map.title
+
+
+def test_a_swap_recording_says_swapped_out_and_in(tiny_model):
+    result, recording = recorded(tiny_model, "swap")
+    labels = [f.label for f in recording.frames(result)[0]]
+    assert any("swapped out: " in label and "to CPU" in label for label in labels)
+    assert any("swapped in" in label for label in labels)
+
+
+def test_a_recording_without_preemptions_or_of_another_replay_is_refused(tiny_model):
+    llm = tiny_llm(tiny_model)
+    recording = PreemptionRecording(llm)
+    result = replay(llm, requests(), on_step=recording.on_step)
+    assert recording.frames(result) == ([], None)
+    with pytest.raises(ValueError, match="nobody was preempted"):
+        recording.view(result, title="none")
+    other = replay(tiny_llm(tiny_model, max_num_seqs=1), requests())
+    with pytest.raises(ValueError, match="steps but"):
+        recording.frames(other)

@@ -18,6 +18,7 @@ from kvlab.exercises import EXERCISES
 from kvlab.measure.replay import (
     STATES,
     TraceRequests,
+    format_preemption_table,
     format_table,
     on_time_grid,
     replay,
@@ -208,3 +209,42 @@ def test_exercise_watermark_uses_the_schedulers_reserve():
     reserve = cache.manager.watermark_blocks(_WATERMARK)
     assert reserve == math.ceil(_WATERMARK * _WATERMARK_NUM_BLOCKS)
     assert EXERCISES["04.watermark"].answer() == _WATERMARK_PROMPT_BLOCKS + reserve
+
+
+def test_a_replay_counts_recomputed_tokens_its_largest_step_and_its_copies(tiny_model):
+    work = small_requests(num_requests=8, rate=40.0, max_output_len=24)
+    roomy = replay(tiny_llm(tiny_model, enable_prefix_caching=False), work)
+    recompute = replay(tiny_llm(tiny_model, num_blocks=16, enable_prefix_caching=False), work)
+    swap = replay(tiny_llm(tiny_model, num_blocks=16, preemption_mode="swap"), work)
+    assert roomy.num_prefill_tokens == sum(len(p) for p in work.prompts)
+    assert recompute.metrics.num_preemptions > 0
+    # A recompute computes the prompt and the tokens generated so far again.
+    assert recompute.num_prefill_tokens > roomy.num_prefill_tokens
+    assert swap.num_prefill_tokens == roomy.num_prefill_tokens
+    assert recompute.num_blocks_swapped == recompute.num_blocks_prefetched == 0
+    assert swap.num_blocks_swapped + swap.num_blocks_prefetched > 0
+    steps = recompute.metrics.steps
+    assert recompute.max_step_tokens == max(
+        s.num_prefill_tokens + s.num_decode_tokens for s in steps
+    )
+    assert recompute.max_step_tokens >= max(len(p) for p in work.prompts)
+
+
+def test_the_preemption_table_prints_what_running_out_of_blocks_cost(tiny_model):
+    work = small_requests(num_requests=8, rate=40.0, max_output_len=24)
+    roomy = replay(tiny_llm(tiny_model, enable_prefix_caching=False), work)
+    runs = {
+        "roomy": roomy,
+        "recompute": replay(tiny_llm(tiny_model, num_blocks=16, enable_prefix_caching=False), work),
+        "swap": replay(tiny_llm(tiny_model, num_blocks=16, preemption_mode="swap"), work),
+    }
+    table = format_preemption_table(runs, reference=roomy, seconds_per_block=0.001)
+    header, rule, *rows = table.splitlines()
+    assert header.split()[:3] == ["run", "same", "tokens"] and set(rule) == {"-"}
+    cells = {row.split()[0]: row.split()[1:] for row in rows}
+    assert cells["roomy"] == ["True", "0", str(roomy.max_step_tokens), "0", "0.0", "0"]
+    again = runs["recompute"].num_prefill_tokens - roomy.num_prefill_tokens
+    assert cells["recompute"][:2] == ["True", str(again)] and again > 0
+    swapped = runs["swap"].num_blocks_swapped
+    assert cells["swap"][3:5] == [str(swapped), f"{swapped:.1f}"]  # 1 ms a block
+    assert max(len(line) for line in table.splitlines()) <= 105  # one line in HTML

@@ -20,6 +20,8 @@ deterministic, and the same for the tiny model as for SmolLM2 (given the same le
     decode    its one newest token computed
     swapped   its blocks copied out to CPU memory (preemption_mode="swap")
 
+``format_table`` and ``format_preemption_table`` print runs side by side.
+
 Not handled: requests with ``n > 1`` samples (one row per request), wall-clock step starts
 (with a ``WallClock`` a step is taken to start when the one before it ended).
 """
@@ -165,6 +167,28 @@ class ReplayResult:
         """Sequences computed per step, averaged over the steps that ran."""
         steps = self.metrics.steps
         return sum(s.num_scheduled for s in steps) / len(steps) if steps else math.nan
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt tokens computed over the run, recomputed ones (after a preemption) too."""
+        return sum(s.num_prefill_tokens for s in self.metrics.steps)
+
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens one step computed (prefill and decode): compare it with the
+        ridge of a roofline (lab 04)."""
+        steps = self.metrics.steps
+        return max((s.num_prefill_tokens + s.num_decode_tokens for s in steps), default=0)
+
+    @property
+    def num_blocks_swapped(self) -> int:
+        """KV blocks copied between the device and CPU memory that a step waited for."""
+        return sum(s.num_blocks_swapped for s in self.metrics.steps)
+
+    @property
+    def num_blocks_prefetched(self) -> int:
+        """KV blocks copied back to the device while a step computed (a prefetch)."""
+        return sum(s.num_blocks_prefetched for s in self.metrics.steps)
 
     def longest_token_gap(self, requests: Sequence[int] | None = None) -> float:
         """The longest wait between two consecutive tokens of any of ``requests`` (indices
@@ -318,4 +342,37 @@ def format_table(results: dict[str, ReplayResult]) -> str:
         summary = result.summary
         cells = "".join(f"{fmt.format(summary[key]):>9}" for _, key, fmt in _COLUMNS)
         lines.append(f"{name:<{width}}" + cells)
+    return "\n".join(lines)
+
+
+def format_preemption_table(
+    results: dict[str, ReplayResult], reference: ReplayResult, seconds_per_block: float
+) -> str:
+    """One row per run: what running out of blocks cost it, beside ``reference`` (the same
+    requests with plenty of memory).
+
+    Columns: whether it generated the reference's tokens; the prompt tokens it computed
+    again (a recompute); its largest step, in tokens (to hold against a roofline's ridge);
+    the KV blocks steps waited to copy to or from CPU memory (a swap), and that wait at
+    ``seconds_per_block``; the blocks copied back ahead of a step (a prefetch).
+    """
+    headers = ("same tokens", "tokens again", "largest step", "blocks copied", "copy (ms)")
+    headers += ("prefetched",)
+    width = max(len("run"), *(len(name) for name in results))
+    widths = [len(h) + 2 for h in headers]
+    lines = [
+        f"{'run':<{width}}" + "".join(f"{h:>{w}}" for h, w in zip(headers, widths, strict=True))
+    ]
+    lines.append("-" * len(lines[0]))
+    for name, result in results.items():
+        cells = (
+            str(result.token_ids == reference.token_ids),
+            result.num_prefill_tokens - reference.num_prefill_tokens,
+            result.max_step_tokens,
+            result.num_blocks_swapped,
+            f"{1e3 * seconds_per_block * result.num_blocks_swapped:.1f}",
+            result.num_blocks_prefetched,
+        )
+        row = "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+        lines.append(f"{name:<{width}}" + row)
     return "\n".join(lines)

@@ -10,13 +10,18 @@
     budget_figure      the token budget's trade-off: decodes' longest gap against TTFT
     panel_figure       the batching panel's view of one replay (timeline and load)
     time_axis_px       where a moment of a panel figure's time axis falls in its PNG
+    PreemptionRecording  the KV pool at the steps where requests were preempted and
+                       resumed, each labelled with what happened, for a ``StepView``
 
 Every figure is a plotly ``go.Figure`` built from ``kvlab.measure.replay.ReplayResult``s
-(``step_cost_figure`` from cost models, ``kvlab.engine.step_cost``).
+(``step_cost_figure`` from cost models, ``kvlab.engine.step_cost``). Requests are named
+``r0``, ``r1``, ... in the order of the workload, as ``ReplayResult.step_log`` names them.
 Not handled: live updates (the panel redraws a new figure for each replay).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -26,6 +31,7 @@ from plotly.subplots import make_subplots
 from kvlab.engine.step_cost import StepWork
 from kvlab.measure.replay import STATES, ReplayResult
 from kvlab.widgets.static_figures import SIZE
+from kvlab.widgets.step_view import PoolSnapshot, StepView
 
 STATE_COLORS = {
     "waiting": "#c9c9c9",
@@ -41,7 +47,7 @@ PANEL_MARGIN = (60, 20)  # panel_figure's left and right margins, px
 
 
 def _request_labels(result: ReplayResult) -> list[str]:
-    return [f"req {i}" for i in range(len(result.outputs))]
+    return [f"r{i}" for i in range(len(result.outputs))]
 
 
 def add_timeline(
@@ -210,7 +216,11 @@ def queue_figure(
 ) -> go.Figure:
     """Requests running (green) and waiting (grey, stacked on top) over time, one row per
     run, under a line at ``max_num_seqs``: grey below the line is a seat left empty while
-    a request waits."""
+    a request waits.
+
+    The rows share one time axis and one requests axis, so their heights compare, and the
+    seat line runs from the first arrival to the end of the longest run in every row.
+    """
     fig = make_subplots(
         rows=len(results),
         cols=1,
@@ -218,8 +228,14 @@ def queue_figure(
         vertical_spacing=0.08,
         subplot_titles=list(results),
     )
-    for row, result in enumerate(results.values(), start=1):
-        times, running, waiting = counts_over_time(result)
+    counts = {name: counts_over_time(result) for name, result in results.items()}
+    start = min(times[0] for times, _, _ in counts.values())
+    end = max(times[-1] for times, _, _ in counts.values())
+    highest = max(
+        max(r + w for r, w in zip(run, wait, strict=True)) for _, run, wait in counts.values()
+    )
+    top = 1.1 * max(highest, max_num_seqs or 0)
+    for row, (times, running, waiting) in enumerate(counts.values(), start=1):
         total = [r + w for r, w in zip(running, waiting, strict=True)]
         stacks = (
             ("running", running, "tozeroy", STATE_COLORS["decode"], running),
@@ -243,7 +259,7 @@ def queue_figure(
             )
         if max_num_seqs is not None:
             fig.add_scatter(
-                x=[times[0], times[-1]],
+                x=[start, end],
                 y=[max_num_seqs] * 2,
                 mode="lines",
                 line=dict(color=SEATS_COLOR, dash="dash", width=1.5),
@@ -254,13 +270,14 @@ def queue_figure(
                 row=row,
                 col=1,
             )
-        fig.update_yaxes(title_text="requests", rangemode="tozero", row=row, col=1)
+        fig.update_yaxes(title_text="requests", range=[0, top], row=row, col=1)
     fig.update_layout(
         title=title or "Requests running and waiting over time",
         height=120 + 150 * len(results),
         margin=dict(t=70, b=90, l=60, r=20),
         legend=dict(orientation="h", y=0.01, yanchor="bottom", yref="container", x=0),
     )
+    fig.update_xaxes(range=[start, end])
     fig.update_xaxes(title_text="time (s)", row=len(results), col=1)
     return fig
 
@@ -530,3 +547,82 @@ def show_figure(output: widgets.Output, fig: go.Figure) -> None:
     """Replace what ``output`` shows with ``fig`` (plotly's JSON mimetype, no JavaScript)."""
     bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
     output.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+
+
+class PreemptionRecording:
+    """One replay's KV pool at the steps where requests were preempted or resumed, each
+    labelled with what happened, for a ``StepView`` that shows preemption and nothing else.
+
+        recording = PreemptionRecording(llm)
+        result = replay(llm, requests, on_step=recording.on_step)
+        recording.view(result, title="...", weight_bytes=w)   # rests on the first preemption
+
+    A preemption keeps two frames: the pool before the step (the victim still holds its
+    blocks) and after it ("r5 (seq 5) preempted: 3 blocks freed"; with swap, "swapped out:
+    3 blocks to CPU"). A resume keeps one ("r5 resumed"; "r5 swapped in"). A kept frame
+    also names who finished in its step ("r1 done"). The page map colours a request by its
+    ``seq_id``, hence the "(seq 5)".
+
+    Not handled: more than one ``generate`` call on the recorded ``llm``, ``n > 1``.
+    """
+
+    def __init__(self, llm) -> None:
+        self._llm = llm
+        self._snapshots: list[PoolSnapshot] = []
+        self._seq_ids: dict[str, int] = {}  # request_id -> seq_id, of every victim
+
+    def on_step(self, stats) -> None:
+        """Record the pool after a step (pass it to ``replay`` as ``on_step``)."""
+        self._snapshots.append(PoolSnapshot.of(self._llm.engine.cache, stats.step, stats.time))
+        for request_id in stats.preempted:
+            self._seq_ids[request_id] = self._llm.engine.seq_id_of(request_id)
+
+    def frames(self, result: ReplayResult) -> tuple[list[PoolSnapshot], int | None]:
+        """The labelled snapshots around each preemption and resume, and the index of the
+        first preemption among them (None when nobody was preempted).
+
+        Args:
+            result: what ``replay`` returned for the recorded run (its steps and names).
+        """
+        steps = result.metrics.steps
+        if len(steps) != len(self._snapshots):
+            raise ValueError(
+                f"result has {len(steps)} steps but {len(self._snapshots)} were recorded: "
+                "pass the result of the replay that called on_step"
+            )
+        name = {o.request_id: f"r{i}" for i, o in enumerate(result.outputs)}
+        labels: dict[int, str] = {}  # snapshot index -> what happened in its step
+        first = None
+        victims: set[str] = set()
+        for k, stats in enumerate(steps):
+            events = [f"{name[r]} resumed" for r in stats.admitted if r in victims]
+            events += [f"{name[r]} swapped in" for r in stats.swapped_in]
+            for request_id in stats.preempted:
+                events.append(self._preempted(k, request_id, name, request_id in stats.swapped_out))
+                victims.add(request_id)
+                if k > 0:
+                    labels.setdefault(k - 1, f"before step {stats.step}")
+                first = k if first is None else first
+            if events:
+                events += [f"{name[r]} done" for r in stats.finished]
+                labels[k] = ", ".join(events)
+        indices = sorted(labels)
+        snapshots = [replace(self._snapshots[k], label=labels[k]) for k in indices]
+        return snapshots, None if first is None else indices.index(first)
+
+    def _preempted(self, k: int, request_id: str, name: dict, swapped: bool) -> str:
+        """The label of a victim of step ``k``: who, and the blocks it held before it."""
+        seq_id = self._seq_ids[request_id]
+        before = self._snapshots[k - 1].infos if k > 0 else ()
+        held = sum(seq_id in b.seq_ids for b in before)
+        blocks = f"{held} block{'' if held == 1 else 's'}"
+        if swapped:
+            return f"{name[request_id]} (seq {seq_id}) swapped out: {blocks} to CPU"
+        return f"{name[request_id]} (seq {seq_id}) preempted: {blocks} freed"
+
+    def view(self, result: ReplayResult, title: str, weight_bytes: int = 0) -> StepView:
+        """A ``StepView`` of ``frames``, resting on the first preemption."""
+        snapshots, first = self.frames(result)
+        if not snapshots:
+            raise ValueError("nobody was preempted in this replay: there is nothing to show")
+        return StepView(snapshots, title=title, weight_bytes=weight_bytes, step=first)
