@@ -23,7 +23,7 @@ from kvlab.engine.step_cost import Roofline, StepCostClock, StepWork
 from kvlab.memory import GIB, KVSpec, preset
 from kvlab.sim.memory import LABELS
 from kvlab.sim.paper import PUBLISHED, PUBLISHED_BREAKDOWN, format_comparison
-from kvlab.sim.servers import SERVERS, sustained_rate, sweep
+from kvlab.sim.servers import SERVERS, format_servers, sustained_rate, sweep
 from kvlab.sim.simulator import A100_40GB, StepLog, kv_budget_bytes, simulate
 from kvlab.sim.trace import make_trace
 
@@ -376,6 +376,9 @@ def test_flat_out_paged_serves_the_most_requests_and_one_at_a_time_the_fewest():
     rates = [flat_out[name].throughput for name in SERVERS]
     assert rates == sorted(rates)  # each server in SERVERS beats the one before it
     assert flat_out["one at a time"].peak_running == 1
+    table = format_servers(flat_out).splitlines()
+    assert table[0].split()[:3] == ["server", "requests/s", "tokens/s"]
+    assert table[-1].startswith("paged, continuous") and table[-1].endswith("1.0x")
     # At a low rate every server keeps up, and batching only helps the latency.
     low = runs[0.5]
     assert sustained_rate(runs, "paged, continuous") == math.inf

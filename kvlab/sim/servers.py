@@ -25,6 +25,9 @@ limit.
 
     sweep(rates)                 every server at every rate: rate -> name -> SimResult
     sustained_rate(runs, limit)  the highest rate whose normalized latency is <= limit
+    format_servers(results)      a table of one rate's servers, paged's lead over each
+
+    python -m kvlab.sim.servers  the four servers flat out (every request at once)
 
 Not handled: prefix sharing, chunked prefill, swapping (the simulator's limits), and
 latency limits other than the mean normalized latency.
@@ -32,6 +35,7 @@ latency limits other than the mean normalized latency.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from kvlab.engine.step_cost import Roofline
@@ -102,3 +106,35 @@ def sustained_rate(
     held = [rate for rate, by_name in runs.items() if name in by_name]
     held = [rate for rate in held if runs[rate][name].normalized_latency <= limit]
     return max(held) if held else None
+
+
+def format_servers(results: dict[str, SimResult]) -> str:
+    """A table of the servers of one rate: requests and tokens per second, latency, and
+    how many times paged's throughput each one's is."""
+    paged = results.get("paged, continuous")
+    header = (
+        f"{'server':<24}{'requests/s':>11}{'tokens/s':>10}{'TTFT p50':>10}{'E2E p50':>9}"
+        f"{'E2E p99':>9}{'ms/step':>9}{'paged is':>10}"
+    )
+    lines = [header, "-" * len(header)]
+    for name, r in results.items():
+        lead = f"{paged.throughput / r.throughput:.1f}x" if paged else "-"
+        lines.append(
+            f"{name:<24}{r.throughput:>11.2f}{r.tokens_per_s:>10.0f}{r.ttft_p50:>9.1f}s"
+            f"{r.e2e_p50:>8.1f}s{r.e2e_p99:>8.1f}s{1000 * r.sim_seconds / r.num_steps:>9.1f}"
+            f"{lead:>10}"
+        )
+    return "\n".join(lines)
+
+
+def main(num_requests: int = 1000) -> None:
+    runs = sweep([math.inf], num_requests=num_requests)
+    print(
+        f"{num_requests} ShareGPT-like requests, all at once, Llama-2-7B on an A100-40GB; each "
+        "step priced by the A100's roofline (kvlab.engine.step_cost.Roofline)\n"
+    )
+    print(format_servers(runs[math.inf]))
+
+
+if __name__ == "__main__":
+    main()
