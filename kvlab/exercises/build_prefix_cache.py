@@ -40,8 +40,10 @@ import inspect
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.prefix_cache import match_prefix
 from kvlab.exercises.grading import (
+    Hint,
     Report,
     Verdict,
+    hint,
     show_ops,
     shrunk_failures,
     verdicts_until_failure,
@@ -159,11 +161,9 @@ def check_written(pool_class) -> Verdict:
     return Verdict("written", True)
 
 
-def hint_prefix_cache(level: int = 1) -> str:
+def hint_prefix_cache(level: int = 1) -> Hint:
     """Help in steps: 1 the data structures, 2 allocate, free and a hit, 3 the prefix walk."""
-    if not 1 <= level <= len(HINTS):
-        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(HINTS)}")
-    return HINTS[level - 1]
+    return hint(HINTS, level)
 
 
 def reveal_prefix_cache() -> str:
