@@ -2,7 +2,9 @@
 Hugging Face's one-at-a-time ``generate``; a contiguous budget of N reservations runs at
 most N requests at once while a paged one runs them all; the padded-batch memory count
 equals the positions of the real ``DynamicCache``; transformers' continuous batching gives
-the same tokens, and the steps read from its timestamps are the steps it ran.
+the same tokens, and the steps read from its timestamps are the steps it ran; interleaved
+rounds rotate and their table reports medians, spreads and round-by-round ratios; at A100
+scale the servers are the simulator's own replays, on traces of a fixed duration.
 """
 
 from __future__ import annotations
@@ -16,12 +18,21 @@ from kvlab.measure.bench import make_workload, mismatches, run_hf_one_at_a_time
 from kvlab.measure.capstone import (
     clock_split,
     hf_peak_kv_slots,
+    interleaved,
+    median_seconds,
+    median_speedup,
+    median_step_seconds,
+    rate_table,
     run_engine,
     run_generate_batch,
     steps_from_timestamps,
     time_weight_matmuls,
+    timing_table,
+    vllm_timed,
 )
 from kvlab.measure.padded_batch import left_pad
+from kvlab.measure.vllm_runner import VLLMUnavailable
+from kvlab.measure.workload import Result
 from kvlab.model.linear import fused_weights
 
 BLOCK_SIZE = 16
@@ -90,6 +101,15 @@ def test_clock_split_prices_steps_prompt_tokens_and_decodes(tiny, workload):
     assert row[2] == f"{0.5 * run.num_steps:.2f}s"
     assert row[3:6] == [str(prompt_tokens), "->", f"{0.01 * prompt_tokens:.2f}s"]
     assert row[6:9] == [str(decodes), "->", f"{0.1 * decodes:.2f}s"]
+    clock = 0.5 * run.num_steps + 0.01 * prompt_tokens + 0.1 * decodes
+    # Beside a measured time given for it: the clock's error on that run.
+    row = clock_split([run], cost, measured={"kvlab-paged": 2 * clock}).splitlines()[1].split()
+    assert row[-2:] == [f"{2 * clock:.2f}s", "-50%"]
+
+
+def test_median_step_seconds_groups_steps_by_width():
+    steps = [(1, 0.05), (3, 0.07), (1, 0.06), (3, 0.09), (1, 0.04)]
+    assert median_step_seconds(steps) == {1: 0.05, 3: pytest.approx(0.08)}
 
 
 def test_hf_peak_kv_slots_counts_the_dynamic_cache(tiny, workload):
@@ -214,3 +234,48 @@ def test_steps_from_timestamps_never_gives_one_request_two_tokens_in_a_step():
     # Steps far apart for one request but close for the whole run: the second token of
     # r0 starts a new step even though the gap is under the threshold.
     assert steps_from_timestamps([[0.0, 0.001], [0.0005]], fraction=10.0) == (2, 1)
+
+
+def test_interleaved_rotates_the_order_every_round():
+    calls = []
+    methods = {name: (lambda name=name: calls.append(name) or name) for name in "abc"}
+    runs = interleaved(methods, rounds=4)
+    assert calls == list("abc" + "bca" + "cab" + "abc")
+    assert runs == {"a": ["a"] * 4, "b": ["b"] * 4, "c": ["c"] * 4}
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved(methods, rounds=0)
+
+
+def test_timing_table_reports_medians_spreads_and_round_by_round_ratios():
+    def result(name, seconds):
+        return Result(name, seconds, [[1]], 1.0)
+
+    runs = {
+        "hf-one-at-a-time": [result("hf-one-at-a-time", s) for s in (10.0, 12.0, 30.0)],
+        "kvlab-paged": [result("kvlab-paged", s) for s in (2.0, 3.0, 5.0)],
+    }
+    passes = {"hf-one-at-a-time": 60, "kvlab-paged": 6}
+    table = timing_table(runs, 60, passes, notes={"kvlab-paged": "up to 6 at once"})
+    rows = [line.split() for line in table.splitlines()[2:]]
+    assert rows[0][:6] == ["hf-one-at-a-time", "12.00", "10.00-30.00", "60", "200", "5.0"]
+    # Each round's ratio (5.0, 4.0, 6.0): the median and the range, not 12 / 3.
+    assert rows[1][:6] == ["kvlab-paged", "3.00", "2.00-5.00", "6", "500", "20.0"]
+    assert rows[1][6:8] == ["5.0x", "(4.0-6.0)"]
+    assert table.splitlines()[3].endswith("up to 6 at once")
+    assert median_seconds(runs) == {"hf-one-at-a-time": 12.0, "kvlab-paged": 3.0}
+    assert median_speedup(runs, "kvlab-paged", "hf-one-at-a-time") == 5.0
+    with pytest.raises(ValueError, match="baseline"):
+        timing_table(runs, 60, passes={}, baseline="vllm")
+
+
+def test_rate_table_sets_each_engine_beside_the_baseline():
+    table = rate_table({"hf": [10.0, 20.0, 5.0], "vLLM": [1.0, 2.0]}, 100, baseline="hf")
+    rows = [line.split() for line in table.splitlines()[1:]]
+    assert rows[0] == ["hf", "10.0", "5.0-20.0", "3", "1.0x"]
+    assert rows[1] == ["vLLM", "66.7", "50.0-100.0", "2", "6.7x"]
+
+
+def test_vllm_timed_says_how_to_build_a_missing_side_environment(monkeypatch, workload):
+    monkeypatch.setenv("KVLAB_VLLM_PYTHON", "/nonexistent/python")
+    with pytest.raises(VLLMUnavailable, match="make vllm-env"):
+        vllm_timed(workload, max_num_seqs=4, max_num_batched_tokens=256)

@@ -23,7 +23,18 @@ from kvlab.engine.step_cost import Roofline, StepCostClock, StepWork
 from kvlab.memory import GIB, KVSpec, preset
 from kvlab.sim.memory import LABELS
 from kvlab.sim.paper import PUBLISHED, PUBLISHED_BREAKDOWN, format_comparison
-from kvlab.sim.servers import SERVERS, format_servers, sustained_rate, sweep
+from kvlab.sim.servers import (
+    CLAIRVOYANT,
+    PAGED,
+    PUBLISHED_RATIOS,
+    SERVERS,
+    flat_out,
+    latency_curves,
+    latency_sweep,
+    ratio_table,
+    server_table,
+    sustained_rate,
+)
 from kvlab.sim.simulator import A100_40GB, StepLog, kv_budget_bytes, simulate
 from kvlab.sim.trace import make_trace
 
@@ -371,34 +382,46 @@ def test_bad_batching_and_step_cost_are_refused():
 
 
 def test_flat_out_paged_serves_the_most_requests_and_one_at_a_time_the_fewest():
-    runs = sweep([0.5, math.inf], num_requests=60)
-    flat_out = runs[math.inf]
-    rates = [flat_out[name].throughput for name in SERVERS]
+    flat = flat_out(num_requests=60, servers=tuple(SERVERS))
+    rates = [flat[name].throughput for name in SERVERS]
     assert rates == sorted(rates)  # each server in SERVERS beats the one before it
-    assert flat_out["one at a time"].peak_running == 1
-    table = format_servers(flat_out).splitlines()
-    assert table[0].split()[:3] == ["server", "requests/s", "tokens/s"]
-    assert table[-1].startswith("paged, continuous") and table[-1].endswith("1.0x")
-    # At a low rate every server keeps up, and batching only helps the latency.
-    low = runs[0.5]
-    assert sustained_rate(runs, "paged, continuous") == math.inf
-    assert low["paged, continuous"].normalized_latency <= low["one at a time"].normalized_latency
 
 
-def test_a_server_that_falls_behind_is_left_out_of_higher_rates():
-    runs = sweep([0.5, 4.0], num_requests=40, servers=["one at a time"], stop_after=0.01)
-    assert "one at a time" not in runs[4.0]
-    assert sustained_rate(runs, "one at a time", limit=1e-9) is None
+def test_flat_out_replays_the_seed_servers_and_the_clairvoyant_one():
+    results = flat_out(num_requests=40)
+    assert list(results) == [*[s for s in SERVERS if s != PAGED], CLAIRVOYANT, PAGED]
+    assert results[CLAIRVOYANT].label == "contiguous/clairvoyant"
+    assert results["one at a time"].peak_running == 1
+    assert results[PAGED].throughput > results["one at a time"].throughput
+    table = server_table(results).splitlines()
+    assert len(table) == 2 + len(results) and table[2].startswith("one at a time")
+    ratios = ratio_table(results).splitlines()
+    assert len(ratios) == len(results)  # a header, then every server but paged
+    paged_over_one = results[PAGED].throughput / results["one at a time"].throughput
+    assert ratios[1].split()[5] == f"{paged_over_one:.1f}x"
+    assert ratios[1].endswith(PUBLISHED_RATIOS["one at a time"])
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        (dict(rates=[1.0], servers=["vllm"]), r"servers=\['vllm'\] are not allowed"),
-        (dict(rates=[0.0]), r"rates=\[0.0\] is not allowed"),
-        (dict(rates=[]), r"rates=\[\] is not allowed"),
-    ],
-)
-def test_a_sweep_refuses_what_it_cannot_replay(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        sweep(**kwargs)
+def test_latency_sweep_replays_a_fixed_duration_and_drops_overloaded_servers():
+    runs = latency_sweep([0.2, 2.0, 50.0], duration_s=60, servers=["one at a time", PAGED])
+    assert runs[0.2]["one at a time"].num_requests == 20  # at least 20 requests
+    assert runs[2.0][PAGED].num_requests == 120  # 2 per second for 60 s
+    assert runs[2.0]["one at a time"].normalized_latency > 0.5  # past its flat-out rate
+    assert list(runs[50.0]) == [PAGED]  # one at a time was left out
+    curves = latency_curves(runs)
+    assert [rate for rate, _ in curves[PAGED]] == [0.2, 2.0, 50.0]
+    assert curves["one at a time"][1] == (2.0, runs[2.0]["one at a time"].normalized_latency)
+    assert sustained_rate(runs, PAGED) == 2.0  # at 50 a second even paged falls behind
+    assert sustained_rate(runs, "one at a time") == 0.2
+    with pytest.raises(ValueError, match="rates"):
+        latency_sweep([math.inf])
+
+
+def test_flat_out_on_equal_steps_prices_every_step_the_same():
+    names = ["max-length, continuous", PAGED]
+    equal = flat_out(num_requests=40, servers=names, equal_steps=0.025)
+    assert list(equal) == names
+    for result in equal.values():
+        assert result.sim_seconds == pytest.approx(0.025 * result.num_steps)
+    with pytest.raises(ValueError, match="servers"):
+        flat_out(num_requests=40, servers=["vllm"])

@@ -46,34 +46,6 @@ def test_the_driver_imports_nothing_from_kvlab():
     assert imported <= {"json", "sys", "time", "vllm"}, imported
 
 
-def test_vllm_beside_counts_identical_requests_and_names_the_first_difference(monkeypatch):
-    from kvlab.measure.bench import Workload
-
-    fake = {
-        "version": "0.0-test",
-        "load_seconds": 1.0,
-        "tokens": [[5, 6, 7], [8, 9, 1]],
-        "counters": {"vllm:num_preemptions": 0, "vllm:prompt_tokens": 9},
-    }
-    monkeypatch.setattr(vllm_peer, "vllm_python", lambda: Path("python"))
-    monkeypatch.setattr(vllm_peer, "run_vllm", lambda *args, **kwargs: fake)
-    workload = Workload([[1, 2], [3, 4]], [3, 3])
-    text = vllm_peer.vllm_beside(
-        workload, [[5, 6, 7], [8, 9, 10]], max_num_seqs=2, max_num_batched_tokens=64
-    )
-    assert "token-identical to kvlab: 1 of 2 requests" in text
-    assert "request 1 differs from output token 2" in text
-    assert "vllm:num_preemptions" in text and "prompt_tokens" not in text
-
-
-def test_vllm_beside_without_the_side_environment_says_how_to_build_it(monkeypatch, tmp_path):
-    from kvlab.measure.bench import Workload
-
-    monkeypatch.setenv("KVLAB_VLLM_PYTHON", str(tmp_path / "missing"))
-    with pytest.raises(vllm_peer.VLLMUnavailable, match="make vllm-env"):
-        vllm_peer.vllm_beside(Workload([[1]], [1]), [[2]], max_num_seqs=1, max_num_batched_tokens=8)
-
-
 def test_the_table_puts_every_engine_against_vllm_as_it_configures_itself():
     rows = [
         vllm_peer.Row("kvlab", 2, [2.0, 1.0], [[1, 2], [3, 4]]),

@@ -13,11 +13,12 @@ and ``check_design(...)`` replays the trace with them and grades three targets:
     token_gap   p99 of each request's longest wait between two tokens   <= 0.5 s
     throughput  output tokens per second       >= 1,100
 
-The budget is tight (about 16 average requests fit), so the knobs pull against each other:
-more seats and a small reserve start requests sooner, but then blocks run out mid-answer,
-and a preempted request recomputes while its reader waits; a reserve that prevents that
-keeps requests waiting for their first token. Each missed target prints what usually
-moves it.
+The budget is tight on purpose (about 16 average requests fit, a sixth of what an A100-40GB
+leaves after the weights), so the knobs pull against each other: more seats and a small
+reserve start requests sooner, but then blocks run out mid-answer, and a preempted request
+recomputes while its reader waits; a reserve that prevents that keeps requests waiting for
+their first token. Seats beyond about 32 change nothing (512 blocks of 16 tokens hold
+fewer ShareGPT-like requests). Each missed target prints what usually moves it.
 
 Not handled: sampling, prefix caching (the replayed prompts share nothing), swapping.
 """
@@ -46,9 +47,9 @@ CRITERIA = {
 ADVICE = {
     "ttft": "requests wait too long to start: more seats (max_num_seqs) or a smaller "
     "reserve (watermark) admits them sooner",
-    "token_gap": "running requests stall: with too little reserve, blocks run out "
-    "mid-answer and a preempted request recomputes while its reader waits (raise the "
-    "watermark); a big token budget also lets one long prompt hold up a step",
+    "token_gap": "running requests stall: blocks run out mid-answer and a preempted request "
+    "recomputes while its reader waits: keep more blocks in reserve (raise the watermark) "
+    "or run fewer requests at once (max_num_seqs under about 32)",
     "throughput": "too few requests run at once to fill the GPU's steps: more seats, or "
     "less reserve",
 }

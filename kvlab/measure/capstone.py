@@ -1,42 +1,40 @@
-"""The capstone's measurements: one workload, naive Hugging Face against kvlab's two caches.
+"""The capstone's measurements: the seed article's claims, on this CPU.
 
-Lab 07 asks the seed article's question on this machine. ``kvlab.measure.bench`` already has the
-workload, the Hugging Face baselines and the token-identical check; this module adds what
-the capstone needs beside them:
+Lab 07 asks the seed article's question twice. On this machine, ``kvlab.measure.bench``
+has the workload, the Hugging Face baselines and the token-identical check; this module
+adds what the capstone needs beside them:
 
+* ``interleaved``: every method once per round, for several rounds, so that load on a
+  shared machine hits all of them; ``timing_table`` prints each method's median and spread,
+  its forward passes, and its speed-up over one request at a time, round by round;
 * ``run_engine``: a workload through ``kvlab.LLM`` with either KV cache (``"paged"`` or
-  ``"contiguous"``), reporting what the engine measured besides time: the most requests
-  that ran at once, the peak share of the KV pool held, and how much of the held memory
-  held tokens (KV utilization);
+  ``"contiguous"``), reporting what the engine measured besides time: every step, the
+  peak share of the KV pool held, and how much of the held memory held tokens;
 * ``run_generate_batch``: the workload through transformers' own continuous batching
-  (``generate_batch``'s manager), sized like kvlab, reporting what it batched: how many
-  requests received a token in each step, read from transformers' per-token timestamps;
-* ``hf_peak_kv_slots``: the KV cache positions Hugging Face's ``generate`` holds at its
-  fullest, for the same workload run one at a time or in padded batches, so its memory can
-  be set against a KV budget it does not itself enforce;
-* ``clock_split``: each engine run's time split by a step-cost clock (``kvlab.engine.step_cost``)
-  into its steps and its tokens, beside the time measured;
-* ``time_weight_matmuls``: one pass of a batch of rows through every weight matrix, as
-  transformers' modules hold them and as kvlab's runner does (``kvlab.model.linear``):
-  the part of a step that differs between the two when they run the same batches.
+  (``generate_batch``'s manager, on its ``PagedAttentionCache``), sized like kvlab,
+  reporting how many requests received a token in each step (from its timestamps);
+* ``hf_peak_kv_slots``: the KV positions Hugging Face's ``generate`` holds at its fullest;
+* ``clock_split``: each engine run's time split by a step-cost clock
+  (``kvlab.engine.step_cost``) into steps and tokens, beside the time measured, and the
+  clock's error on this run; ``median_step_seconds``: a run's decode steps by width;
+* ``time_weight_matmuls``: one step's weight multiplies, as transformers' modules hold
+  the weights and as kvlab's runner does (``kvlab.model.linear``);
+* ``vllm_timed``: the workload on real vLLM (its side environment), tokens and seconds.
 
-    workload --> hf-one-at-a-time  (bench)     tokens, seconds, KV util
-             --> hf-static-padded  (bench)     tokens, seconds, KV util
-             --> run_generate_batch            + requests per step
-             --> run_engine(contiguous)        + every step, peak KV share
-             --> run_engine(paged)             + every step, peak KV share
+At A100 scale, with no model, the same servers are ``kvlab.sim.servers``.
 
-Not handled: sampling (greedy only, like ``kvlab.measure.bench``), latency targets (the
-PagedAttention paper compares throughput at equal latency), GPU timing, steps of
-``generate_batch`` that produce no token (a prefill chunk that does not end its prompt:
-its timestamps cannot show them).
+Not handled: sampling (greedy only, like ``kvlab.measure.bench``), GPU timing,
+``generate_batch``'s steps that produce no token (a prefill chunk that does not end its
+prompt: its timestamps cannot show them), traces of an hour (minutes here, for speed).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -44,8 +42,11 @@ from kvlab.engine.metrics import StepStats
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.step_cost import LinearCost
 from kvlab.measure.hf_baselines import generate_batch
+from kvlab.measure.vllm_runner import run_vllm, vllm_python
 from kvlab.measure.workload import Result, Workload
 from kvlab.model.linear import fused_weights
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -155,16 +156,23 @@ def run_engine(
     )
 
 
-def clock_split(runs: list[EngineRun], cost: LinearCost) -> str:
+def clock_split(
+    runs: list[EngineRun], cost: LinearCost, measured: Mapping[str, float] | None = None
+) -> str:
     """A table: each run's steps, prompt tokens and decodes, each times its price on ``cost``,
-    their sum (what the clock says the run takes) and the seconds the run measured.
+    their sum (what the clock says the run takes), the seconds measured, and the clock's
+    error on this run (clock / measured - 1).
 
     Two runs that computed the same tokens differ on the clock only in their steps. The
     price per context token read (under a millisecond a step for SmolLM2) is left out.
+
+    Args:
+        measured: run name -> the seconds to set beside the clock (for example the median
+            of ``interleaved`` rounds); default each run's own seconds.
     """
     lines = [
         f"{'':18}{'steps':>6}{'x base':>8}{'prefill tokens':>20}{'decodes':>15}"
-        f"{'clock':>8}{'measured':>10}"
+        f"{'clock':>8}{'measured':>10}{'clock error':>13}"
     ]
     for run in runs:
         prefill = sum(step.num_prefill_tokens for step in run.steps)
@@ -174,10 +182,98 @@ def clock_split(runs: list[EngineRun], cost: LinearCost) -> str:
             cost.per_prefill_token * prefill,
             cost.per_decode_seq * decodes,
         ]
+        seconds = (measured or {}).get(run.result.name, run.result.seconds)
         lines.append(
             f"{run.result.name:18}{run.num_steps:>6}{parts[0]:>7.2f}s{prefill:>12} ->"
             f"{parts[1]:>5.2f}s{decodes:>7} ->{parts[2]:>5.2f}s{sum(parts):>7.2f}s"
-            f"{run.result.seconds:>9.2f}s"
+            f"{seconds:>9.2f}s{sum(parts) / seconds - 1:>+12.0%}"
+        )
+    return "\n".join(lines)
+
+
+def median_step_seconds(steps: Sequence[tuple[int, float]]) -> dict[int, float]:
+    """Width -> the median wall seconds of the steps that wide, from ``(width, seconds)``
+    pairs (``EngineRun.decode_step_seconds``, of one run or several)."""
+    widths = sorted({width for width, _ in steps})
+    return {w: statistics.median(s for n, s in steps if n == w) for w in widths}
+
+
+# ---- repeated runs -------------------------------------------------------------------------
+
+
+def interleaved(methods: Mapping[str, Callable[[], T]], rounds: int = 3) -> dict[str, list[T]]:
+    """Run every method once per round, ``rounds`` times; each method's runs, in order.
+
+    Each round starts one method later than the last (round 2 starts with the second), so
+    that no method always runs first, after a pause, or last. On a shared machine, load
+    that comes and goes then slows every method in some round, not one method in all.
+    """
+    if rounds < 1 or not methods:
+        raise ValueError(f"give at least one method and rounds >= 1, got {rounds} rounds")
+    names = list(methods)
+    runs: dict[str, list[T]] = {name: [] for name in names}
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(methods[name]())
+    return runs
+
+
+def seconds_of(run) -> float:
+    """Wall seconds of one run: a ``Result``, or anything with a ``.result`` (``EngineRun``,
+    ``BatchedRun``)."""
+    return getattr(run, "result", run).seconds
+
+
+def median_speedup(runs: Mapping[str, Sequence], name: str, baseline: str) -> float:
+    """How many times faster ``name`` ran than ``baseline``: the median over ``interleaved``
+    rounds of each round's ratio (both saw that round's load)."""
+    pairs = zip(runs[baseline], runs[name], strict=True)
+    return statistics.median(seconds_of(b) / seconds_of(r) for b, r in pairs)
+
+
+def median_seconds(runs: Mapping[str, Sequence]) -> dict[str, float]:
+    """Method name -> the median wall seconds of its ``interleaved`` runs."""
+    return {name: statistics.median(seconds_of(r) for r in method) for name, method in runs.items()}
+
+
+def timing_table(
+    runs: Mapping[str, Sequence],
+    num_tokens: int,
+    passes: Mapping[str, int],
+    baseline: str = "hf-one-at-a-time",
+    notes: Mapping[str, str] | None = None,
+) -> str:
+    """A table of ``interleaved`` runs: each method's median seconds and their range, its
+    forward passes and the median time of one, output tokens per second, and its speed-up
+    over ``baseline``: the median of the rounds' ratios (each round's methods saw the
+    same load), with their range. The notes come last, for a few words each.
+
+    Args:
+        runs: method name -> its runs (``Result``, ``EngineRun`` or ``BatchedRun``), one
+            per round.
+        num_tokens: output tokens of the workload.
+        passes: method name -> forward passes (engine steps) it made.
+        notes: method name -> a few words for the last column.
+    """
+    if baseline not in runs:
+        raise ValueError(f"baseline={baseline!r} is not among the runs: {list(runs)}")
+    base = [seconds_of(r) for r in runs[baseline]]
+    header = (
+        f"{'method':<18}{'median s':>9}{'range s':>12}{'passes':>7}{'ms/pass':>8}"
+        f"{'tokens/s':>9}{'speed-up, range':>17}  notes"
+    )
+    lines = [header, "-" * len(header)]
+    for name, method_runs in runs.items():
+        seconds = [seconds_of(r) for r in method_runs]
+        median = statistics.median(seconds)
+        ratios = [b / s for b, s in zip(base, seconds, strict=True)]
+        spread = f"{min(seconds):.2f}-{max(seconds):.2f}"
+        speedup = f"{statistics.median(ratios):.1f}x ({min(ratios):.1f}-{max(ratios):.1f})"
+        lines.append(
+            f"{name:<18}{median:>9.2f}{spread:>12}{passes[name]:>7}"
+            f"{1000 * median / passes[name]:>8.0f}{num_tokens / median:>9.1f}{speedup:>17}"
+            f"  {(notes or {}).get(name, '')}".rstrip()
         )
     return "\n".join(lines)
 
@@ -353,3 +449,76 @@ def _kvlab_matmuls(model, kvlab_weights, num_rows: int) -> list[torch.Tensor]:
         outputs += [*layer.qkv_proj.split(hidden), layer.o_proj(attended)]
         outputs += [*layer.gate_up_proj.split(hidden), layer.down_proj(intermediate)]
     return outputs + [kvlab_weights.lm_head(hidden[-1:])]
+
+
+# ---- vLLM beside kvlab ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VLLMRun:
+    """The workload on real vLLM (``kvlab.measure.vllm_runner``), in its own environment.
+
+    Attributes:
+        version: vLLM's version; load_seconds: its start-up (model load and compilation).
+        seconds: each round's ``LLM.generate`` time, in order (rounds run back to back).
+        tokens: each request's output tokens (the last round's).
+        counters: vLLM's own metrics (preemptions, prefix-cache queries and hits).
+        compute_cores: cores vLLM bound its compute threads to (None if its log did not say).
+    """
+
+    version: str
+    load_seconds: float
+    seconds: tuple[float, ...]
+    tokens: list[list[int]]
+    counters: dict
+    compute_cores: int | None
+
+
+def vllm_timed(
+    workload: Workload,
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    block_size: int = 32,
+    rounds: int = 3,
+    memory_utilization: float = 0.25,
+) -> VLLMRun:
+    """Serve the workload on vLLM ``rounds`` times (greedy, EOS ignored, float32, no prefix
+    caching), with vLLM's own KV pool (it sizes it from ``memory_utilization``).
+
+    Raises:
+        VLLMUnavailable: no side environment; the message says how to build it.
+    """
+    settings = dict(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,  # vLLM's CPU attention needs a multiple of 32
+        enable_prefix_caching=False,
+        max_model_len=2048,
+        memory_utilization=memory_utilization,
+    )
+    out = run_vllm(vllm_python(), workload, settings, rounds=rounds)
+    shown = ("preemption", "prefix_cache")  # its KV usage is a gauge: 0 once all finished
+    counters = {k: v for k, v in out["counters"].items() if any(n in k for n in shown)}
+    return VLLMRun(
+        version=out["version"],
+        load_seconds=out["load_seconds"],
+        seconds=tuple(out["seconds"]),
+        tokens=out["tokens"],
+        counters=counters,
+        compute_cores=out["compute_cores"],
+    )
+
+
+def rate_table(seconds: Mapping[str, Sequence[float]], num_tokens: int, baseline: str) -> str:
+    """Output tokens per second of each engine's median run, the range over its runs, and
+    the ratio of medians against ``baseline``."""
+    if baseline not in seconds:
+        raise ValueError(f"baseline={baseline!r} is not among {list(seconds)}")
+    base = num_tokens / statistics.median(seconds[baseline])
+    lines = [f"{'engine':<18}{'tokens/s':>9}{'range':>14}{'runs':>6}{f'vs {baseline}':>24}"]
+    for name, runs in seconds.items():
+        rate = num_tokens / statistics.median(runs)
+        spread = f"{num_tokens / max(runs):.1f}-{num_tokens / min(runs):.1f}"
+        lines.append(f"{name:<18}{rate:>9.1f}{spread:>14}{len(runs):>6}{rate / base:>23.1f}x")
+    return "\n".join(lines)

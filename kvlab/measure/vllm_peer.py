@@ -21,7 +21,7 @@ Rounds alternate so that both see the same machine load; the fastest round count
     python -m kvlab.measure.vllm_peer --num-requests 8 --max-tokens 16 --threads 1
     python -m kvlab.measure.vllm_peer --threads 1 --matmul-floor   # and the floor under both
 
-Lab 07 calls ``vllm_beside`` to put vLLM's tokens beside a run kvlab has made.
+Lab 07 times vLLM beside kvlab with ``kvlab.measure.capstone.vllm_timed``.
 
 Not handled: vLLM's own KV pool size (it sizes it itself; kvlab gets enough blocks that
 neither preempts on this workload), sampling, GPUs.
@@ -70,55 +70,6 @@ def run_kvlab(model, workload: Workload, settings: dict) -> tuple[float, list[li
         "prefix_hit_rate": summary.get("prefix_cache_hit_rate", 0.0),
     }
     return seconds, tokens, counters
-
-
-def vllm_beside(
-    workload: Workload,
-    kvlab_outputs: list[list[int]],
-    *,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    block_size: int = 32,
-    enable_prefix_caching: bool = False,
-    memory_utilization: float = 0.25,
-) -> str:
-    """The workload on real vLLM, beside tokens kvlab already made (lab 07's "where next").
-
-    Args:
-        workload: what kvlab served.
-        kvlab_outputs: kvlab's tokens for it, request by request.
-        block_size: vLLM's (its CPU attention needs a multiple of 32).
-
-    Returns:
-        A few lines: vLLM's version and start-up time, how many requests came out
-        token-identical, the first difference if any, and vLLM's counters.
-
-    Raises:
-        VLLMUnavailable: no side environment; the message says how to build it.
-    """
-    settings = dict(
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
-        enable_prefix_caching=enable_prefix_caching,
-        max_model_len=2048,
-        memory_utilization=memory_utilization,
-    )
-    vllm = run_vllm(vllm_python(), workload, settings, rounds=1)
-    pairs = list(zip(kvlab_outputs, vllm["tokens"], strict=True))
-    same = sum(a == b for a, b in pairs)
-    lines = [
-        f"vLLM {vllm['version']} (started in {vllm['load_seconds']:.0f} s), {settings}",
-        f"token-identical to kvlab: {same} of {len(pairs)} requests",
-    ]
-    for index, (a, b) in enumerate(pairs):
-        if a != b:
-            at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-            lines.append(f"  request {index} differs from output token {at}")
-    names = ("preemption", "prefix_cache")  # its KV usage is a gauge: 0 once all finished
-    shown = {k: v for k, v in vllm["counters"].items() if any(n in k for n in names)}
-    lines.append(f"vLLM's counters: {shown}")
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
