@@ -24,6 +24,13 @@ def smollm2():
     return kvlab.load_model("smollm2-135m", device="cpu")
 
 
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The tiny random Llama alone (lab 04's replays)."""
+    model, _ = kvlab.load_model("tiny", device="cpu")
+    return model
+
+
 @pytest.fixture(scope="session", params=["tiny", "tiny-qwen2"])
 def tiny(request):
     """A tiny random Llama, and a Qwen2-style one with q/k/v biases."""

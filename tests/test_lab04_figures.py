@@ -9,10 +9,8 @@ trade-off (``budget_figure``). Each test pins what the learner is meant to see i
 from __future__ import annotations
 
 import pytest
+from test_replay import tiny_llm
 
-import kvlab
-from kvlab import LLM
-from kvlab.engine.metrics import ManualClock
 from kvlab.engine.step_cost import LinearCost, Roofline, StepCostClock
 from kvlab.measure.replay import TraceRequests, replay
 from kvlab.memory import preset
@@ -28,21 +26,9 @@ from kvlab.widgets.batching_figures import (
     timeline_figure,
 )
 
-STEP = 0.025
 A100 = Roofline.of(preset("llama-2-7b"), "a100-40gb")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    model, _ = kvlab.load_model("tiny", device="cpu")
-    return model
-
-
-def tiny_llm(model, **settings) -> LLM:
-    options = dict(num_blocks=64, block_size=4, max_num_seqs=4, clock=ManualClock(STEP))
-    return LLM(model, **(options | settings))
 
 
 def requests(num_requests=8, rate=20.0, max_output_len=10) -> TraceRequests:

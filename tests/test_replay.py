@@ -32,12 +32,6 @@ STEP = 0.025
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    model, _ = kvlab.load_model("tiny", device="cpu")
-    return model
-
-
 def tiny_llm(model, **settings) -> LLM:
     options = dict(num_blocks=64, block_size=4, max_num_seqs=4, clock=ManualClock(STEP))
     return LLM(model, **(options | settings))
