@@ -116,6 +116,17 @@ class ReuseKeepsTheHash(Right):
         pass
 
 
+class EvictionLeavesAnEmptyList(Right):
+    """Takes an evicted block out of cached[hash] but leaves the hash's empty list behind,
+    so a later match_prefix finds the hash and raises IndexError on cached[hash][0]."""
+
+    def _forget(self, block):
+        block_hash = self.block_hash[block]
+        if block_hash is not None:
+            self.cached[block_hash].remove(block)
+            self.block_hash[block] = None
+
+
 class OneBlockPerHash(Right):
     """Leaves a block uncached when another block already serves its hash (kvlab's rule
     before vLLM's)."""
@@ -195,6 +206,7 @@ PLANTED = [
     (HitAddsNoHolder, "ref_cnt"),
     (FreeForgetsTheHash, "cache"),
     (ReuseKeepsTheHash, "cache"),
+    (EvictionLeavesAnEmptyList, "cache"),
     (OneBlockPerHash, "cache"),
     (MatchesTheLastToken, "match_prefix"),
     (UnchainedHashes, "match_prefix"),
@@ -218,6 +230,15 @@ def test_each_planted_defect_fails_its_criterion(planted, criterion):
     assert [v.criterion for v in failed] == [criterion], repr(report)
     assert failed[0].misconception
     assert not report.passed
+
+
+def test_an_evicted_hash_left_in_cached_is_blamed_on_allocate_not_match_prefix():
+    report = check_prefix_cache(EvictionLeavesAnEmptyList, num_sequences=200)
+    failed = [v for v in report.verdicts if not v.passed]
+    assert [v.criterion for v in failed] == ["cache"], repr(report)
+    assert failed[0].misconception.startswith("allocate evicts")
+    assert "leaves cached" in failed[0].misconception
+    assert "is an empty list" in failed[0].detail
 
 
 def test_a_right_pool_passes_every_property(monkeypatch):

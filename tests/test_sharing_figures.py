@@ -9,14 +9,17 @@ from __future__ import annotations
 import pytest
 
 from kvlab import LLM, SamplingParams
-from kvlab.cache import PagedKVCache
+from kvlab.cache.block_pool import BlockPool
 from kvlab.engine.metrics import ManualClock, RunMetrics, StepStats
 from kvlab.engine.step_cost import Roofline
 from kvlab.measure.step_cost import PreemptionCost, preemption_costs
 from kvlab.memory import preset
 from kvlab.widgets import StepView
 from kvlab.widgets.sharing_figures import (
+    AllToTheBackPool,
+    FreeQueue,
     PoolRecording,
+    QueueStepView,
     block_size_figure,
     crossover_figure,
     first_swap_win,
@@ -54,12 +57,20 @@ def stats(step: int, prefill: int = 0, decode: int = 0, **events) -> StepStats:
     )
 
 
-def test_step_label_names_arrivals_and_finishes_once_per_request():
-    assert step_label(stats(3)) == "step 3"
-    assert step_label(stats(0, admitted=("0",))) == "step 0: request 0 arrives"
-    # n samples of one request share its id: named once.
-    both = stats(7, admitted=("2", "3"), finished=("0", "0", "0"))
-    assert step_label(both) == "step 7: requests 2, 3 arrive; request 0 finishes"
+def test_step_label_names_arrivals_adoptions_copies_and_finishes_by_seq():
+    assert step_label(3, {0: (0, 1)}, {0: (0, 1)}) == "step 3"
+    assert step_label(0, {}, {0: (0, 1)}) == "step 0: seq 0 arrives"
+    # A forked request's samples arrive together, sharing its blocks: one phrase.
+    assert step_label(0, {}, {s: (0, 1) for s in range(4)}) == "step 0: seqs 0, 1, 2, 3 arrive"
+    # Seq 1 arrives on seq 0's hashed blocks 0 and 1, and takes block 4 of its own.
+    hit = step_label(2, {0: (0, 1, 2)}, {0: (0, 1, 2), 1: (0, 1, 4)}, hashed={0, 1})
+    assert hit == "step 2: seq 1 arrives, adopts blocks 0, 1"
+    # Copy-on-write: three of four seqs get their own copy of shared block 6.
+    before = {s: (5, 6) for s in range(4)}
+    after = {0: (5, 7), 1: (5, 8), 2: (5, 9), 3: (5, 6)}
+    assert step_label(1, before, after) == "step 1: block 6 copied to 7, 8, 9 (seqs 0, 1, 2)"
+    assert step_label(9, before, {}) == "step 9: seqs 0, 1, 2, 3 finish"
+    assert step_label(9, {2: (1,)}, {}, preempted=True) == "step 9: seq 2 leaves"
 
 
 def test_speedup_figure_draws_one_line_against_the_output_length():
@@ -122,27 +133,84 @@ def test_block_size_figure_hatches_the_sizes_where_swapping_never_wins():
     fig = block_size_figure(
         {"bytes only": {16: 1152, 64: 1152}, "+ 5 us": {16: None, 64: 3648}}, 8192
     )
-    assert [t.name for t in fig.data] == ["bytes only", "+ 5 us"]
-    hatched = fig.data[1]
-    assert list(hatched.y) == [8192, 3648]
-    assert list(hatched.marker.pattern.shape) == ["/", ""]
-    assert list(hatched.text) == ["never to 8,192", "3,648"]
+    # The hatched bar is a trace of its own, in its series' slot, so the legend names it.
+    assert [t.name for t in fig.data] == [
+        "bytes only",
+        "+ 5 us",
+        "+ 5 us: never up to 8,192 (hatched)",
+    ]
+    solid, hatched = fig.data[1], fig.data[2]
+    assert list(solid.x) == ["64"] and list(solid.y) == [3648]
+    assert list(hatched.x) == ["16"] and list(hatched.y) == [8192]
+    assert hatched.marker.pattern.shape == "/" and solid.offsetgroup == hatched.offsetgroup
+    assert list(hatched.text) == ["never to 8,192"]
+    assert list(fig.layout.xaxis.categoryarray) == ["16", "64"]
     assert fig.layout.xaxis.title.text == "block size (tokens)"
     assert "tokens" in fig.layout.yaxis.title.text
 
 
-def test_replay_requests_names_adopted_and_evicted_blocks():
+def test_replay_requests_names_adopted_taken_and_evicted_blocks():
     # 4 blocks of 4 tokens; each prompt is 2 full blocks and 1 token (3 blocks).
-    cache = PagedKVCache(1, 1, 2, num_blocks=4, block_size=4, device="cpu")
     a, b = list(range(9)), list(range(100, 109))
-    snapshots, cached = replay_requests(cache, [(0, "A", a), (1, "B", b), (0, "A again", a)])
-    assert cached == [0, 0, 4]  # A's first block survived B; its second did not
-    labels = [s.label for s in snapshots]
-    assert labels[0] == "A asks: adopts nothing"
-    assert labels[1] == "A done: blocks 0, 1, 2 freed, 2 of them cached"
-    assert labels[2].startswith("B asks: adopts nothing, evicts block")
-    assert labels[4].startswith("A again asks: adopts block 0")
-    assert [s.step for s in snapshots] == list(range(6))
+    replay = replay_requests([(0, "A", a), (1, "B", b), (0, "A again", a)], 4, 4)
+    assert replay.cached_tokens == (0, 0, 4)  # A's first block survived B; its second did not
+    assert replay.hit_rate == pytest.approx(4 / 27)
+    labels = [s.label for s in replay.snapshots]
+    assert labels[0] == "A asks: takes never-used blocks 0, 1, 2"
+    assert labels[1] == "A done: blocks 2, 1, 0 freed, last first; 2 of them cached"
+    # B takes A's plain last block and the block never used, then evicts A's second block
+    # (freed before its first: least recently used).
+    assert labels[2] == "B asks: takes plain block 2, takes never-used block 3, evicts block 1"
+    assert labels[4] == "A again asks: adopts block 0, takes plain block 1, evicts block 3"
+    assert [s.step for s in replay.snapshots] == list(range(6))
+    assert replay.queues[1].blocks == (
+        (2, "plain"),
+        (3, "never used"),
+        (1, "cached"),
+        (0, "cached"),
+    )
+    assert replay.queues[1].describe() == (
+        "free queue, front first: plain 2; never used 3; cached 1, 0"
+    )
+
+
+def test_all_to_the_back_pool_keeps_one_queue_in_the_order_freed():
+    pool, old = BlockPool(5), AllToTheBackPool(5)
+    for p in (pool, old):
+        p.allocate(3)  # blocks 0, 1, 2
+        p.cache(0, 100)
+        p.free([2, 1, 0])  # as a sequence frees its blocks: last first
+    assert pool.free_block_ids() == [2, 1, 3, 4, 0]  # plain to the front, hashed to the back
+    assert old.free_block_ids() == [3, 4, 2, 1, 0]  # every freed block to the back
+    with pytest.raises(ValueError, match="double free"):
+        old.free([0])
+
+
+def test_the_old_single_queue_evicts_what_vllms_rule_keeps():
+    # Three prompts of 2 full blocks and 1 token each, asked twice, in a pool of 7 (lab 06's
+    # eviction run in small): with one queue, the plain blocks wait behind cached ones.
+    a, b, c = list(range(9)), list(range(100, 109)), list(range(200, 209))
+    requests = [(0, "A", a), (1, "B", b), (2, "C", c)] * 2
+    assert replay_requests(requests, 7, 4).cached_tokens == (0, 0, 0, 8, 8, 8)
+    assert replay_requests(requests, 7, 4, AllToTheBackPool).cached_tokens == (0, 0, 0, 4, 4, 4)
+
+
+def test_queue_step_view_draws_the_free_queue_in_every_frame():
+    a = list(range(9))
+    replay = replay_requests([(0, "A", a), (1, "B", list(range(100, 109)))], 4, 4)
+    view = replay.view("queue", step=1)
+    assert isinstance(view, QueueStepView) and not view.with_gauge
+    assert view.children[-1] is view.queue_view  # the strip is under the map
+    assert "free queue, front first: plain 2; never used 3; cached 1, 0" in repr(view)
+    svg = view.to_svg()
+    assert ">front<" in svg and ">back<" in svg and "taken first" in svg
+    assert [f">{b}</text>" in svg for b in (2, 3, 1, 0)] == [True] * 4
+    frames = view.frame_svgs([0, 3])
+    assert "never used 3" in frames[0] and "free queue, front first" in frames[1]
+    assert view.to_animation().num_frames == len(replay.snapshots)
+    with pytest.raises(ValueError, match="1 queues for 4 snapshots"):
+        QueueStepView(list(replay.snapshots), [FreeQueue(())])
+    assert FreeQueue(()).describe() == "free queue: empty (every block is held)"
 
 
 def test_pool_recording_labels_every_step_and_animates():
@@ -157,13 +225,14 @@ def test_pool_recording_labels_every_step_and_animates():
         arrival_times=[0, 1],
     )
     labels = [s.label for s in recording.snapshots]
-    assert labels[0] == "step 0: request 0 arrives"
-    assert labels[1] == "step 1: request 1 arrives"
+    assert labels[0] == "step 0: seq 0 arrives"
+    assert labels[1] == "step 1: seq 1 arrives, adopts blocks 0, 1"
     assert len(recording.snapshots) == len(llm.metrics.steps)
     shared = [b for b in recording.snapshots[1].infos if b.ref_cnt == 2]
     assert len(shared) == 2  # request 1 adopted request 0's two full blocks
     view = recording.view("hits", step=1)
-    assert isinstance(view, StepView) and "step 1: request 1 arrives" in view.page_map.title
+    assert isinstance(view, StepView) and "step 1: seq 1 arrives" in view.page_map.title
+    assert not view.with_gauge
     assert view.to_animation().num_frames == len(recording.snapshots)
 
 

@@ -5,18 +5,21 @@ The learner writes five methods of a block pool (the stub, with its state, is in
 to vLLM 0.32.0's rules (``vllm/v1/core/block_pool.py``, as ``kvlab.cache.block_pool``):
 
     allocate(num) -> block_ids        from the front of free_queue, ref_cnt 1 each; a cached
-                                      block handed out is evicted (its hash forgotten);
+                                      block handed out is evicted (its hash forgotten, and
+                                      a hash with no block left leaves cached);
                                       CacheFullError and no change when fewer than num are free
     free(block_ids)                   ref_cnt - 1 each; at 0 a block without a hash goes to
                                       the front of free_queue (one call's blocks in their
-                                      order), a cached one to the back, keeping its hash
-    cache(block_id, block_hash)       a full block becomes findable, even when another block
-                                      already serves that hash (cached[hash] lists the copies)
+                                      order: callers pass a sequence's blocks last first),
+                                      a hashed one to the back, keeping its hash
+    cache(block_id, block_hash)       a held, full block is hashed, findable even when
+                                      another block already has that hash (cached[hash]
+                                      lists the copies); vLLM's name: "cache" means "hash"
     take_cached(block_id)             a prefix hit: ref_cnt + 1; a free block leaves the queue
     match_prefix(block_size, ids)     the chained hashes of the prompt's full blocks, walked
                                       until the first the cache lacks, never the block of the
                                       prompt's last token: (block_ids, block_hashes), each
-                                      block the first copy of its hash
+                                      block the first copy of its hash; changes nothing
 
 ``check_prefix_cache(MyBlockPool)`` grades it criterion by criterion. Seeded requests whose
 prompts share prefixes go through a ``BlockManager`` that takes its blocks from the
@@ -65,8 +68,8 @@ CRITERIA = {
     "ref_cnt": "ref_cnt counts holders: allocate 1, a prefix hit + 1, free - 1",
     "lru": "free_queue: plain blocks at the front, reused first; cached blocks at the back, "
     "evicted least recently used first",
-    "cache": "a freed block keeps its hash until allocate reuses it; a second block with a "
-    "hash already cached is cached too",
+    "cache": "a freed block keeps its hash until allocate evicts it (a hash with no block left "
+    "leaves cached); a second block with a hash already in cached is added to its list",
     "match_prefix": "match_prefix finds the longest chained-hash prefix, short of the last token",
     "refuses": "allocate raises CacheFullError when too few blocks are free, changing nothing",
     "generation": "requests sharing a system prompt, through the engine, hit as kvlab's do",
@@ -80,14 +83,16 @@ HINTS = (
     "block_hash[b] is the other direction.",
     "allocate: for each block taken from the front, if block_hash[b] is not None, remove b "
     "from cached[block_hash[b]] (delete the entry once empty) and set block_hash[b] = None "
-    "(eviction), then ref_cnt[b] = 1. free: ref_cnt[b] -= 1; at 0 a cached block goes to "
+    "(eviction), then ref_cnt[b] = 1. free: ref_cnt[b] -= 1; at 0 a hashed block goes to "
     "the back (free_queue[b] = None), a block without a hash to the front: collect those, "
-    "then put them at the front in reverse, so the first freed ends up first. take_cached: "
-    "if ref_cnt[b] == 0, del free_queue[b]; then ref_cnt[b] += 1.",
+    "then put them at the front in reverse, so the first freed ends up first (do not "
+    "reverse block_ids: callers already pass them last first). take_cached: if "
+    "ref_cnt[b] == 0, del free_queue[b]; then ref_cnt[b] += 1.",
     "match_prefix: parent = ROOT_HASH; for start in range(0, len(ids) - block_size, "
     "block_size): parent = hash_block_tokens(parent, ids[start:start + block_size]); stop "
     "if parent is not in cached, else keep (cached[parent][0], parent). The range stops "
-    "before the block of the last token. cache: if the block has no hash yet, append it to "
+    "before the block of the last token; nothing changes (the block manager then calls "
+    "take_cached on each block found). cache: if the block has no hash yet, append it to "
     "cached.setdefault(block_hash, []) and set block_hash[block_id].",
 )
 

@@ -13,9 +13,10 @@ The pools must agree exactly (the policy is fixed, so the block ids are too): af
 operation the ``ref_cnt`` of every block, the free queue's order (plain blocks first, the
 blocks of one free in their order; then cached blocks, least recently used first: vLLM
 0.32.0's rule, ``kvlab.cache.block_pool``), which blocks carry which ``block_hash`` (a
-hash may have several copies, in the order they were cached), and how many prompt tokens
-each new request finds cached. ``LearnerPool`` puts the learner's pool behind the interface the
-manager reads (``kvlab.exercises.learner_pool``). Not handled: hash collisions, partial-block hits.
+hash may have several copies, in the order they were hashed; a hash with none left is
+gone from ``cached``), and how many prompt tokens each new request finds cached.
+``LearnerPool`` puts the learner's pool behind the interface the manager reads
+(``kvlab.exercises.learner_pool``). Not handled: hash collisions, partial-block hits.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ NUM_BLOCKS = 10
 BLOCK_SIZE = 2
 PREFIXES = ((1, 2, 3, 4, 5, 1), (1, 2, 4, 3), (5, 5, 1, 2, 3))
 Op = tuple  # ("add", seq_id, prompt), ("grow", seq_id, token) or ("free", seq_id)
+EMPTY_HASH = (
+    "allocate evicts: when it takes the last block of a hash, the hash leaves cached too "
+    "(del cached[h]); an empty list left there makes match_prefix find a hash with no block"
+)
 _CRITERION_OF = {
     "allocate": "ref_cnt",
     "free": "ref_cnt",
@@ -62,6 +67,8 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
         try:
             got = apply_op(mine, op)
         except LearnerError as error:
+            if _empty_hashes(mine.pool.learner):
+                return "cache", f"{where}: {error}", EMPTY_HASH
             return _CRITERION_OF[error.method], f"{where}: {error}", "a bug in the method it names"
         except Exception as error:  # noqa: BLE001 - kvlab's manager, fed the learner's answers
             criterion = "match_prefix" if op[0] == "add" else "ref_cnt"
@@ -122,6 +129,10 @@ def _compare(mine, ref, got, expected, why, op, where):
             "a prefix hit adds a holder (take_cached: ref_cnt "
             "+ 1), free takes one away, allocate sets 1",
         )
+    empty = _empty_hashes(pool)
+    if empty:
+        detail = f"after {where}: cached[{empty[0]}] is an empty list, its last block reused"
+        return "cache", detail, EMPTY_HASH
     mine_cached = {h: list(blocks) for h, blocks in pool.cached.items() if blocks}
     if mine_cached != _cached(ref_pool) or list(pool.block_hash) != ref_pool.block_hash:
         return (
@@ -131,6 +142,11 @@ def _compare(mine, ref, got, expected, why, op, where):
             _wrong_cache(mine_cached, pool, ref_pool),
         )
     return None
+
+
+def _empty_hashes(pool) -> list[int]:
+    """The hashes a learner's ``cached`` still lists with no block left."""
+    return [h for h, blocks in pool.cached.items() if not blocks]
 
 
 def _wrong_match(mine, ref, op) -> str:
@@ -197,7 +213,7 @@ def _wrong_cache(mine_cached, pool, ref_pool) -> str:
             h = ref_pool.block_hash[block]
             if len(ref_pool.cached_blocks(h)) > 1 and mine_cached.get(h):
                 return (
-                    "a block whose hash another block already serves is cached too, after it "
+                    "a block whose hash another block already has is hashed too, after it "
                     "in cached[hash]: each sequence keeps the blocks it computed, and a lookup "
                     "still finds a copy when the first is evicted"
                 )
@@ -208,11 +224,11 @@ def _wrong_cache(mine_cached, pool, ref_pool) -> str:
     if mine - theirs:
         return (
             "allocate evicts: a cached block it hands out loses its hash (from cached and "
-            "block_hash)"
+            "block_hash; a hash with no block left leaves cached)"
         )
     return (
         "block_hash[block] and cached[hash] must say the same thing, and cached[hash] lists "
-        "a hash's blocks in the order they were cached"
+        "a hash's blocks in the order they were hashed"
     )
 
 
@@ -260,6 +276,8 @@ def check_gap(make: Callable) -> tuple[str, str, str] | None:
         call("allocate", pool.allocate, 3)  # the two never used, then b0: evicted
         blocks, _ = call("match_prefix", pool.match_prefix, 2, tokens)
     except (LearnerError, CacheFullError) as error:
+        if _empty_hashes(pool):
+            return "cache", f"evicting a prompt's first block: {error}", EMPTY_HASH
         return (
             "match_prefix",
             f"evicting a prompt's first block: {error}",

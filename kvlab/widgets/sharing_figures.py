@@ -1,12 +1,20 @@
 """Lab 06's pictures of shared KV blocks: recordings that move, and the figures of its runs.
 
     PoolRecording(llm)                 an ``on_step`` callback for ``LLM.generate``: the
-                                       pool after every step, labelled with the requests
-                                       that arrived or finished (``.view`` animates it)
-    replay_requests(cache, requests)   requests served one after another on a
-                                       prefix-caching pool, by hand: the pool when each has
-                                       taken its blocks (naming those it adopted and those
-                                       it evicted), and after it freed them
+                                       pool after every step, labelled with what the step
+                                       did to the block tables (seqs that arrived, adopted
+                                       cached blocks, copied a shared block, finished);
+                                       ``.view`` animates it
+    replay_requests(requests, n, bs)   requests served one after another on a pool of ``n``
+                                       blocks with prefix caching, by hand: the pool and
+                                       its free queue when each has taken its blocks
+                                       (naming those it adopted, took and evicted) and
+                                       after it freed them; ``.view`` animates both
+    AllToTheBackPool                   a ``BlockPool`` with one free queue: every freed
+                                       block to the back (kvlab's rule before vLLM's), to
+                                       measure what putting plain blocks first buys
+    QueueStepView                      a ``StepView`` with the free queue drawn under the
+                                       page map, in order, each block numbered
     seconds_by_kind(metrics)           steps, tokens and wall seconds of a run's prefill steps
                                        and of its decode steps, to price each kind of token
     speedup_figure                     the best-case speed-up of one hit rate as answers grow
@@ -14,28 +22,40 @@
     crossover_figure                   swap against recompute as the preempted sequence grows
     block_size_figure                  where swapping starts to win, by block size
 
-The figures are plotly ``go.Figure``s built from finished runs; prefill and decode, and
-swap, keep lab 04's colours (``kvlab.widgets.batching_figures.STATE_COLORS``).
+The step views leave the memory gauge out: the page map and the free queue tell this lab's
+story, and the gauge's orange ("KV reserved, unused") would be the prefill orange of the
+figures. The figures are plotly ``go.Figure``s built from finished runs; prefill and
+decode, and swap, keep lab 04's colours (``kvlab.widgets.batching_figures.STATE_COLORS``).
 
 Not handled: live updates (each figure is drawn once); a replay's model work (it does the
-bookkeeping only, the K/V stay as they are).
+bookkeeping only, the K/V stay as they are); preemption in a ``PoolRecording`` (a
+preempted sequence reads as one that left).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvlab.cache.block_manager import BlockManager
+from kvlab.cache.block_pool import BlockPool
+from kvlab.cache.paged import PagedKVCache
 from kvlab.engine.metrics import RunMetrics, StepStats
 from kvlab.measure.step_cost import PreemptionCost
 from kvlab.widgets.batching_figures import STATE_COLORS
 from kvlab.widgets.step_view import PoolSnapshot, StepView
+from kvlab.widgets.svg import CACHED, CACHED_HATCH, FREE, WIDTH, stack_svgs, svg_document, svg_text
 
 SWAP_COLOR = STATE_COLORS["swapped"]
 RECOMPUTE_COLOR = STATE_COLORS["prefill"]  # a recompute is a prefill run again
+
+
+# ---- an engine run, step by step ----------------------------------------------------------
 
 
 class PoolRecording:
@@ -51,72 +71,334 @@ class PoolRecording:
     def __init__(self, llm) -> None:
         self.llm = llm
         self.snapshots: list[PoolSnapshot] = []
+        self._tables: dict[int, tuple[int, ...]] = {}
 
     def __call__(self, stats: StepStats) -> None:
         cache = self.llm.engine.cache
-        self.snapshots.append(PoolSnapshot.of(cache, stats.step, label=step_label(stats)))
+        tables = {s: tuple(cache.block_table(s)) for s in cache.manager.seq_ids()}
+        hashed = (
+            {b.block_id for b in self.snapshots[-1].infos if b.cached} if self.snapshots else set()
+        )
+        label = step_label(stats.step, self._tables, tables, hashed, bool(stats.preempted))
+        self.snapshots.append(PoolSnapshot.of(cache, stats.step, label=label))
+        self._tables = tables
 
-    def view(self, title: str, weight_bytes: int = 0, step: int | None = None) -> StepView:
+    def view(self, title: str, step: int | None = None) -> StepView:
         """A ``StepView`` of the run (an animation where no kernel runs), resting on
-        ``step`` (default: the fullest)."""
-        return StepView(self.snapshots, title=title, weight_bytes=weight_bytes, step=step)
+        ``step`` (default: the fullest); the page map alone, no gauge."""
+        return StepView(self.snapshots, title=title, step=step, gauge=False)
 
 
-def step_label(stats: StepStats) -> str:
-    """ "step 6: request 3 arrives; request 0 finishes", or "step 6" when neither happened."""
+def step_label(
+    step: int,
+    before: dict[int, tuple[int, ...]],
+    after: dict[int, tuple[int, ...]],
+    hashed: set[int] = frozenset(),
+    preempted: bool = False,
+) -> str:
+    """What a step did to the block tables, in the page map's words (seqs and blocks):
+    "step 1: block 6 copied to 7, 8, 9 (seqs 0, 1, 2)", or "step 1" when nothing changed.
+
+    Args:
+        before, after: ``seq_id -> block table`` before and after the step.
+        hashed: the blocks that carried a ``block_hash`` before the step; an arriving seq
+            whose table starts with them adopted them (a prefix-cache hit).
+        preempted: the step preempted a sequence, so a seq gone may not have finished.
+    """
     events = []
-    for ids, one, many in (
-        (stats.admitted, "arrives", "arrive"),
-        (stats.finished, "finishes", "finish"),
-    ):
-        requests = list(dict.fromkeys(ids))  # the samples of one request share its id
-        if len(requests) == 1:
-            events.append(f"request {requests[0]} {one}")
-        elif requests:
-            events.append(f"requests {', '.join(requests)} {many}")
-    return f"step {stats.step}" + (f": {'; '.join(events)}" if events else "")
+    arrivals: dict[tuple[int, ...], list[int]] = {}  # blocks adopted -> the seqs that did
+    for seq_id in (s for s in after if s not in before):
+        arrivals.setdefault(tuple(b for b in after[seq_id] if b in hashed), []).append(seq_id)
+    for adopted, seqs in arrivals.items():
+        who = f"seq {seqs[0]} arrives" if len(seqs) == 1 else f"seqs {_ids(seqs)} arrive"
+        events.append(
+            who + (f", adopt{'s' if len(seqs) == 1 else ''} {_blocks(adopted)}" if adopted else "")
+        )
+    copies: dict[int, list[tuple[int, int]]] = {}  # source block -> (copy, seq)
+    for seq_id, table in after.items():
+        for old, new in zip(before.get(seq_id, ()), table, strict=False):
+            if old != new:
+                copies.setdefault(old, []).append((new, seq_id))
+    for src, made in copies.items():
+        dsts, seqs = _ids(d for d, _ in made), _ids(s for _, s in made)
+        events.append(f"block {src} copied to {dsts} (seq{'s' if len(made) > 1 else ''} {seqs})")
+    gone = [s for s in before if s not in after]
+    if gone:
+        verb = (
+            ("leave" if len(gone) > 1 else "leaves")
+            if preempted
+            else ("finish" if len(gone) > 1 else "finishes")
+        )
+        events.append(f"seq{'s' if len(gone) > 1 else ''} {_ids(gone)} {verb}")
+    return f"step {step}" + (f": {'; '.join(events)}" if events else "")
 
 
-def replay_requests(cache, requests: Sequence[tuple[int, str, Sequence[int]]]):
-    """Serve ``requests`` one after another on ``cache``, a prefix-caching ``PagedKVCache``.
+# ---- the free queue, drawn -----------------------------------------------------------------
+
+QUEUE_KINDS = {  # kind -> (legend words, fill, outline)
+    "plain": ("plain: no block_hash, taken first", FREE, "#777777"),
+    "never used": ("never used", "#ffffff", "#777777"),
+    "cached": ("cached: keeps its block_hash, taken last", "url(#kvlab-queue-hatch)", CACHED_HATCH),
+}
+_CELL, _LABEL_PX = 26, 44  # a queue cell's size, and the "front" label's column
+
+
+@dataclass(frozen=True)
+class FreeQueue:
+    """The free blocks in the order ``allocate`` takes them, each with its kind.
+
+    Attributes:
+        blocks: ``(block_id, kind)`` from the front; kind is "plain" (freed, no hash),
+            "never used" or "cached" (freed, keeps its hash).
+    """
+
+    blocks: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def of(cls, pool: BlockPool, ever_held: set[int]) -> FreeQueue:
+        """The queue of ``pool`` now; ``ever_held``: the blocks any sequence ever held."""
+        return cls(
+            tuple(
+                (
+                    b,
+                    "cached"
+                    if pool.block_hash[b] is not None
+                    else "plain"
+                    if b in ever_held
+                    else "never used",
+                )
+                for b in pool.free_block_ids()
+            )
+        )
+
+    def kind_of(self, block_id: int) -> str | None:
+        return dict(self.blocks).get(block_id)
+
+    def describe(self) -> str:
+        """One line: the queue from the front, run by run ("free queue, front first: ...")."""
+        if not self.blocks:
+            return "free queue: empty (every block is held)"
+        runs: list[tuple[str, list[int]]] = []
+        for block_id, kind in self.blocks:
+            if runs and runs[-1][0] == kind:
+                runs[-1][1].append(block_id)
+            else:
+                runs.append((kind, [block_id]))
+        return "free queue, front first: " + "; ".join(
+            f"{kind} {', '.join(map(str, ids))}" for kind, ids in runs
+        )
+
+
+def queue_svg(queue: FreeQueue, num_blocks: int, width: int = WIDTH) -> str:
+    """The free queue as a row of numbered cells, front (taken next) on the left, with a
+    legend of the three kinds; the same height for every queue of a pool."""
+    body = [
+        '<defs><pattern id="kvlab-queue-hatch" width="4" height="4" '
+        'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+        f'<rect width="4" height="4" fill="{CACHED}"/>'
+        f'<line x1="0" y1="0" x2="0" y2="4" stroke="{CACHED_HATCH}" stroke-width="1.5"/>'
+        "</pattern></defs>",
+        svg_text(0, 14, queue.describe(), ' font-weight="bold"'),
+    ]
+    y = 24
+    cell = min(_CELL, (width - 2 * _LABEL_PX) // max(1, num_blocks))
+    body.append(svg_text(0, y + cell / 2 + 4, "front"))
+    x = _LABEL_PX
+    for block_id, kind in queue.blocks:
+        _, fill, stroke = QUEUE_KINDS[kind]
+        body.append(
+            f'<rect x="{x}" y="{y}" width="{cell - 3}" height="{cell - 3}" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="1"/>'
+        )
+        body.append(
+            f'<text x="{x + (cell - 3) / 2:g}" y="{y + cell / 2 + 2:g}" font-family="sans-serif" '
+            f'font-size="12" font-weight="bold" text-anchor="middle" stroke="#ffffff" '
+            f'stroke-width="3" paint-order="stroke">{block_id}</text>'
+        )
+        x += cell
+    body.append(svg_text(x + 4, y + cell / 2 + 4, "back" if queue.blocks else "(empty)"))
+    y += cell + 14
+    lx = 0.0
+    for words, fill, stroke in QUEUE_KINDS.values():
+        item = 17 + 6.2 * len(words) + 14  # swatch, words (6.2 px a character), gap
+        if lx and lx + item > width:
+            lx, y = 0.0, y + 18
+        body.append(
+            f'<rect x="{lx:g}" y="{y - 10}" width="12" height="12" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="1"/>'
+        )
+        body.append(svg_text(lx + 17, y, words))
+        lx += item
+    return svg_document(width, y + 12, body, queue.describe())
+
+
+class QueueStepView(StepView):
+    """A ``StepView`` of a prefix-caching pool that also draws its free queue, in order.
+
+    Under the page map (which draws blocks by id), a strip shows the free blocks in the
+    order ``allocate`` takes them, each numbered: plain blocks, then never-used ones, then
+    cached ones, least recently used first. The strip is in the live view, in every frame
+    of the animation and in the text. No memory gauge.
+
+    Args:
+        snapshots: one ``PoolSnapshot`` per step (labelled or not).
+        queues: one ``FreeQueue`` per snapshot.
+        title, step: as for ``StepView``.
+    """
+
+    def __init__(
+        self,
+        snapshots: list[PoolSnapshot],
+        queues: list[FreeQueue],
+        title: str = "",
+        step: int | None = None,
+    ) -> None:
+        if len(queues) != len(snapshots):
+            raise ValueError(f"{len(queues)} queues for {len(snapshots)} snapshots: give one each")
+        self.queues = {s.step: q for s, q in zip(snapshots, queues, strict=True)}
+        self.num_blocks = len(snapshots[0].infos) if snapshots else 1
+        self.queue_now = FreeQueue(())
+        self.queue_view = widgets.HTML()
+        super().__init__(snapshots, title=title, step=step, gauge=False)
+        controls, page_map = self.children
+        self.children = (controls, page_map, self.queue_view)
+
+    def show_live(self, snapshot: PoolSnapshot, title: str) -> None:
+        """Draw a snapshot, and the free queue after it."""
+        self.queue_now = self.queues.get(snapshot.step, FreeQueue(()))
+        self.queue_view.value = self.queue_svg()
+        super().show_live(snapshot, title)
+
+    def queue_svg(self) -> str:
+        return queue_svg(self.queue_now, self.num_blocks)
+
+    def to_text(self) -> str:
+        return f"{super().to_text()}\n{self.queue_now.describe()}"
+
+    def to_svg(self, kv_only: bool = False) -> str:
+        """The map and the free queue at the step shown."""
+        return stack_svgs([self.page_map.to_svg(), self.queue_svg()])
+
+
+# ---- requests one after another, by hand ---------------------------------------------------
+
+
+class AllToTheBackPool(BlockPool):
+    """A ``BlockPool`` with one free queue: every freed block joins the back, plain or
+    cached, in the order freed (kvlab's rule before vLLM 0.32.0's). So a cached block can
+    be evicted while a plain one, which no prompt can hit, is still free."""
+
+    def free(self, block_ids) -> None:
+        block_ids = list(block_ids)
+        super().free(block_ids)  # the checks and counts; then the order is redone
+        for block_id in block_ids:
+            if self.ref_cnt[block_id] == 0:
+                self._free_queue.move_to_end(block_id)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Requests served one after another by hand (``replay_requests``).
+
+    Attributes:
+        snapshots: two labelled snapshots per request: after it took its blocks, after
+            it freed them.
+        queues: the free queue at each snapshot.
+        cached_tokens: the prompt tokens each request found in the cache.
+        prompt_tokens: the prompt tokens each request brought.
+    """
+
+    snapshots: tuple[PoolSnapshot, ...]
+    queues: tuple[FreeQueue, ...]
+    cached_tokens: tuple[int, ...]
+    prompt_tokens: tuple[int, ...]
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the cache / prompt tokens, as the engine counts it."""
+        return sum(self.cached_tokens) / sum(self.prompt_tokens)
+
+    def view(self, title: str, step: int | None = None) -> QueueStepView:
+        """The pool and its free queue, request by request, resting on ``step``."""
+        return QueueStepView(list(self.snapshots), list(self.queues), title=title, step=step)
+
+
+def replay_requests(
+    requests: Sequence[tuple[int, str, Sequence[int]]],
+    num_blocks: int,
+    block_size: int,
+    pool_class: type[BlockPool] = BlockPool,
+) -> Replay:
+    """Serve ``requests`` one after another on a pool of ``num_blocks`` with prefix caching.
 
     Each request looks up its prompt's cached prefix (``add_request``), takes blocks for
-    the rest of its prompt (``allocate_slots``), then frees them all, as a request of one
-    token does in the engine. Bookkeeping only: no K/V is computed.
+    the rest of its prompt (``allocate_slots``), then frees them all, last block first, as
+    a request of one output token does in the engine. Bookkeeping only: the cache's
+    tensors are one number per slot and nothing is computed.
 
     Args:
         requests: ``(seq_id, name, prompt_token_ids)`` in order; a ``seq_id`` may come back
             once its earlier request is done (then its colour in the page map does too).
-
-    Returns:
-        ``(snapshots, cached_tokens)``: two labelled snapshots per request, and the prompt
-        tokens each request found in the cache.
+        pool_class: the ``BlockPool`` (sub)class the blocks come from.
     """
-    snapshots, cached_tokens = [], []
+    manager = BlockManager(num_blocks, block_size, True, pool=pool_class(num_blocks))
+    cache = PagedKVCache(1, 1, 1, num_blocks, block_size, device="cpu", manager=manager)
+    pool, ever_held = manager.pool, set()
+    snapshots, queues, cached_tokens = [], [], []
+
+    def record(label: str) -> None:
+        queues.append(FreeQueue.of(pool, ever_held))
+        snapshots.append(PoolSnapshot.of(cache, len(snapshots), label=label))
+
     for seq_id, name, prompt in requests:
-        cached_before = {b.block_id for b in cache.block_infos() if b.cached and not b.ref_cnt}
+        before = FreeQueue.of(pool, ever_held)
         num_cached = cache.add_request(seq_id, prompt)
         cache.allocate_slots(seq_id, len(prompt) - num_cached, token_ids=prompt[num_cached:])
         cached_tokens.append(num_cached)
         table = cache.block_table(seq_id)
-        adopted = table[: num_cached // cache.block_size]
-        evicted = [b for b in table[len(adopted) :] if b in cached_before]
-        label = f"{name} asks: adopts {_blocks(adopted) or 'nothing'}"
-        if evicted:
-            label += f", evicts {_blocks(evicted)}"
-        snapshots.append(PoolSnapshot.of(cache, len(snapshots), label=label))
+        ever_held.update(table)
+        adopted = table[: num_cached // block_size]
+        record(f"{name} asks: {_taken(adopted, table[len(adopted) :], before)}")
         cache.free(seq_id)
-        kept = sum(1 for b in cache.block_infos() if b.cached and b.block_id in table)
-        label = f"{name} done: {_blocks(table)} freed, {kept} of them cached"
-        snapshots.append(PoolSnapshot.of(cache, len(snapshots), label=label))
-    return snapshots, cached_tokens
+        kept = sum(1 for b in table if pool.block_hash[b] is not None)
+        record(f"{name} done: {_blocks(table[::-1])} freed, last first; {kept} of them cached")
+    return Replay(
+        tuple(snapshots),
+        tuple(queues),
+        tuple(cached_tokens),
+        tuple(map(len, (r[2] for r in requests))),
+    )
+
+
+def _taken(adopted: Sequence[int], new: Sequence[int], queue: FreeQueue) -> str:
+    """ "adopts blocks 2, 3, takes plain block 5, evicts block 6": a request's blocks in
+    its table's order, each new one named by the kind it had in ``queue``."""
+    runs: list[tuple[str, list[int]]] = []
+    for block_id in new:
+        kind = queue.kind_of(block_id)
+        if runs and runs[-1][0] == kind:
+            runs[-1][1].append(block_id)
+        else:
+            runs.append((kind, [block_id]))
+    words = [f"adopts {_blocks(adopted)}"] if adopted else []
+    for kind, ids in runs:
+        words.append(
+            f"evicts {_blocks(ids)}"
+            if kind == "cached"
+            else f"takes {kind.replace(' ', '-')} {_blocks(ids)}"
+        )
+    return ", ".join(words)
 
 
 def _blocks(block_ids: Sequence[int]) -> str:
     if not block_ids:
         return ""
     noun = "block" if len(block_ids) == 1 else "blocks"
-    return f"{noun} {', '.join(map(str, block_ids))}"
+    return f"{noun} {_ids(block_ids)}"
+
+
+def _ids(ids) -> str:
+    return ", ".join(map(str, ids))
 
 
 def seconds_by_kind(metrics: RunMetrics) -> dict[str, tuple[int, int, float]]:
@@ -165,7 +447,7 @@ def speedup_figure(
         line_dash="dot",
         line_color="#777777",
         annotation_text="1x: no gain",
-        annotation_position="bottom right",
+        annotation_position="bottom left",
     )
     fig.update_layout(
         title=f"The same {hit_rate:.0%} hit rate buys less and less as answers grow",
@@ -297,8 +579,8 @@ def crossover_figure(tables: dict[str, Sequence[PreemptionCost]]) -> go.Figure:
 
 def block_size_figure(crossovers: dict[str, dict[int, int | None]], limit: int) -> go.Figure:
     """Per block size, the shortest preempted sequence for which swapping is cheaper, one
-    bar group per block size; a bar that reaches ``limit`` hatched means "never, up to
-    ``limit`` tokens".
+    bar group per block size. Where swapping never wins up to ``limit`` tokens the bar
+    reaches ``limit``, hatched, in a trace of its own so that the legend says so.
 
     Args:
         crossovers: series name (a transfer cost) -> block size -> the crossover, or None.
@@ -307,28 +589,38 @@ def block_size_figure(crossovers: dict[str, dict[int, int | None]], limit: int) 
     fig = go.Figure()
     shades = ("#d4c1e2", SWAP_COLOR, "#6b4a86")
     for (name, by_size), color in zip(crossovers.items(), shades, strict=False):
-        sizes = list(by_size)
-        values = list(by_size.values())
+        wins = {str(s): v for s, v in by_size.items() if v is not None}
+        never = [str(s) for s, v in by_size.items() if v is None]
         fig.add_bar(
-            x=[str(s) for s in sizes],
-            y=[limit if v is None else v for v in values],
+            x=list(wins),
+            y=list(wins.values()),
             name=name,
-            marker=dict(
-                color=color,
-                pattern_shape=["/" if v is None else "" for v in values],
-            ),
-            text=[f"never to {limit:,}" if v is None else f"{v:,}" for v in values],
+            marker_color=color,
+            offsetgroup=name,  # the hatched bars of this series stand in the same slot
+            text=[f"{v:,}" for v in wins.values()],
             textposition="outside",
             cliponaxis=False,
         )
-    fig.update_layout(uniformtext=dict(minsize=10, mode="show"))
+        if never:
+            fig.add_bar(
+                x=never,
+                y=[limit] * len(never),
+                name=f"{name}: never up to {limit:,} (hatched)",
+                marker=dict(color=color, pattern_shape="/"),
+                offsetgroup=name,
+                text=[f"never to {limit:,}"] * len(never),
+                textposition="outside",
+                cliponaxis=False,
+            )
+    sizes = [str(s) for s in next(iter(crossovers.values()), {})]
     fig.update_layout(
         title="A fixed cost per transfer hurts small blocks: they keep recompute cheaper longer",
-        xaxis_title="block size (tokens)",
+        xaxis=dict(title="block size (tokens)", categoryorder="array", categoryarray=sizes),
         yaxis=dict(title="swap cheaper from (tokens held)", range=[0, 1.15 * limit]),
         barmode="group",
-        height=360,
-        margin=dict(t=50, b=50),
-        legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"),
+        uniformtext=dict(minsize=10, mode="show"),
+        height=380,
+        margin=dict(t=50, b=90),
+        legend=dict(orientation="h", x=0, y=-0.25, yanchor="top"),
     )
     return fig
