@@ -5,11 +5,9 @@ sampling_params       SamplingParams: greedy, temperature, top-k, top-p, n, seed
 sampler               turns logits into tokens, one seeded generator per sample
 scheduler_config      SchedulerConfig: the batching knobs, checked where they are made
 waiting_queue         the waiting requests, FCFS or by priority
-scheduler             who runs each step: the queues, running requests first
-scheduler_admission   who joins: static, dynamic, continuous batching; KV admission
-scheduler_preemption  who gives way when blocks run out: recompute or swap out
+scheduler             who runs each step: running requests first, preemption (recompute or
+                      swap), admission; the batching mode (static, dynamic, continuous)
 scheduler_output      SchedulerOutput: one step's plan
-scheduler_swap        the scheduler's swap half: swap out, swap in, prefetch
 llm_engine            LLMEngine.step: admit, allocate, compute, sample, free
 sample_step           the loop's sample-and-fork half: tokens, n > 1 forks, token times
 step_inputs           a step's plan packed into one flat batch for the model

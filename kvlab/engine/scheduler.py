@@ -1,69 +1,82 @@
 """The batch scheduler: each step, which requests run and how many of their tokens.
 
-Three ways to form batches (``SchedulerConfig.scheduling``), from the seed article's "static
-vs dynamic batching" to what vLLM and every modern server do:
+One step, in the order lab 04 teaches it (the seed article's admit -> allocate -> compute
+-> free):
 
-    static      a batch of up to max_num_seqs requests is admitted together and runs to
-                completion; requests that arrive meanwhile wait for the next batch.
-    dynamic     the same, but an empty engine waits for the batch to fill: it starts a
-                batch once max_num_seqs requests wait, or once the oldest has waited
-                batch_timeout seconds (the seed's max_batch_size and batch_timeout).
-    continuous  requests join and leave at every step (iteration-level scheduling, Orca);
-                each step computes at most max_num_batched_tokens tokens (the token_budget),
-                so a long prompt is computed over several steps (chunked prefill) while the
-                running requests keep decoding.
+    1. running requests get their next tokens (decode: 1; chunked prefill: a chunk);
+       when no block is left, a running request is preempted (``_preempt_until_fits``):
+       the newest (FCFS) or the least important (priority), recomputed or swapped out;
+    2. swapped-out requests are copied back, oldest first (``_resume_swapped``);
+    3. waiting requests are admitted in the queue's order while there are free seats
+       (``max_num_seqs``), tokens in the budget and KV blocks above the watermark; their
+       prompts first adopt the prefix cache's blocks, then allocate the rest
+       (``_admit_waiting``).
+
+The engine then computes the step and frees what finished; a freed block that holds a
+full, hashed block of tokens stays in the prefix cache until it is evicted.
+
+What varies is an object the scheduler holds, the batching mode
+(``SchedulerConfig.scheduling``), from the seed article's "static vs dynamic batching" to
+what vLLM and every modern server do:
+
+    StaticBatching      a batch of up to max_num_seqs requests is admitted together and
+                        runs to completion; requests that arrive meanwhile wait
+    DynamicBatching     the same, but an empty engine waits for the batch to fill: it starts
+                        once max_num_seqs requests wait, or once the oldest has waited
+                        batch_timeout seconds (the seed's max_batch_size and batch_timeout)
+    ContinuousBatching  requests join and leave at every step (iteration-level scheduling,
+                        Orca); each step computes at most max_num_batched_tokens tokens, so
+                        a long prompt is computed over several steps (chunked prefill)
 
     step:    1      2      3      4      5      6
     static:  [A B]  [A B]  [A B]  [C D]  [C D]  ...    C, D wait for the whole batch
     contin.: [A B]  [A B]  [A B C D] ...               C, D join as soon as there is room
 
-One step, in the order of the seed article's flow (admit -> allocate -> compute -> free):
+Preemption, as ``preemption_mode`` says:
 
-    1. running requests get their next tokens (decode: 1; chunked prefill: a chunk);
-       when no block is left, the newest running request is preempted;
-    2. swapped-out requests are swapped back in, oldest first;
-    3. waiting requests are admitted in FCFS (or priority) order while there are free
-       seats (max_num_seqs), tokens in the budget and KV blocks above the watermark;
-       their prompts first adopt the prefix cache's blocks, then allocate the rest.
+    recompute   free the victim's blocks and requeue it at the head of the waiting queue;
+                its prompt and the tokens generated so far are computed again as one longer
+                prompt (often cheaply: its full blocks are still in the prefix cache)
+    swap        copy its blocks to a CPU pool (``kvlab.cache.swap``), free them, and copy
+                them back later; ``prefetch`` starts that copy a step ahead when memory
+                allows (the seed article's Prefetch Engine). When the CPU pool is full,
+                the victim is recomputed instead.
 
-The engine then computes the step and frees what finished; a freed block that holds a
-full, hashed block of tokens stays in the prefix cache until it is evicted.
+Either way the request later produces exactly the tokens it would have produced without
+the preemption: its sampled tokens are kept, and its random generator only advances when
+it draws a token.
 
-The scheduler's parts, each in its own module:
-
-    scheduler             the queues, and the step: running requests first, decodes batched
-    scheduler_admission   who joins: the batching mode's rule, seats, budget, KV admission
-    scheduler_preemption  who gives way when blocks run out: the newest (or least
-                          important) running request, recomputed or swapped out
-    scheduler_swap        swapped requests copied back, a step ahead when memory allows
-                          (``prefetch``, the seed article's Prefetch Engine)
-
-A preempted request later produces exactly the tokens it would have produced without the
-preemption.
-
-Not handled: multiple KV cache groups, speculative decoding, LoRA, pipeline parallelism.
+Not handled: multiple KV cache groups, speculative decoding, LoRA, pipeline parallelism;
+admitting out of order to fill a step; choosing a victim by the memory it holds (vLLM,
+too, takes the newest or the least important); swapping or preempting part of a request.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kvlab.cache.manager import CacheFullError, KVCacheManager
 from kvlab.engine.request import Request, RequestStatus
-from kvlab.engine.scheduler_admission import Admission
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.scheduler_output import SchedulerOutput
-from kvlab.engine.scheduler_preemption import Preemption
-from kvlab.engine.scheduler_swap import seats_of
 from kvlab.engine.waiting_queue import WaitingQueue
 
 if TYPE_CHECKING:
     from kvlab.cache.swap import SwapSpace
 
 
-class Scheduler(Admission, Preemption):
+def seats_of(request: Request) -> int:
+    """Seats a request holds: one, plus one per sample still to be forked from it."""
+    n = request.sampling_params.n
+    if n > 1 and request.sample_index == 0 and not request.output_token_ids:
+        return n
+    return 1
+
+
+class Scheduler:
     """Decides every step who runs; allocates their KV slots; preempts when blocks run out.
 
     Args:
@@ -74,6 +87,9 @@ class Scheduler(Admission, Preemption):
 
     Attributes:
         waiting, running, swapped: the three queues.
+        batching: the batching mode (``StaticBatching``, ``DynamicBatching``,
+            ``ContinuousBatching``): who may join, and each step's token budget.
+        num_seats: running sequences, plus the seats reserved for forks.
         num_preemptions, num_swap_outs, num_swap_ins, num_prefetched: event counts.
         num_prompt_tokens_queried, num_prompt_tokens_hit: prefix-cache lookups, in tokens.
     """
@@ -93,12 +109,11 @@ class Scheduler(Admission, Preemption):
         self.config = config
         self.kv = kv
         self.swap_space = swap_space if config.preemption_mode == "swap" else None
+        self.batching = BATCHING[config.scheduling](config)
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.num_seats = 0  # running sequences, plus the seats reserved for forks
-        self._batch: set[int] = set()  # static/dynamic: seq_ids of the batch in progress
-        self._continuous = config.scheduling == "continuous"
+        self.num_seats = 0
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -116,8 +131,7 @@ class Scheduler(Admission, Preemption):
         """A sample forked from a running request runs at once, in a seat its parent reserved."""
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        if not self._continuous:
-            self._batch.add(request.seq_id)
+        self.batching.joined(request)
 
     def fork_failed(self, request: Request) -> None:
         """A forked sample found no memory for its copy (contiguous cache).
@@ -132,11 +146,14 @@ class Scheduler(Admission, Preemption):
             return
         request.status = RequestStatus.WAITING
         self.waiting.push_front(request)
-        if not self._continuous:
-            self._batch.add(request.seq_id)
+        self.batching.joined(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def next_wakeup(self) -> float | None:
+        """When a dynamic batch times out (the engine idles until then), else None."""
+        return self.batching.next_wakeup(self.waiting)
 
     def finish(self, request: Request) -> None:
         """Release a finished (or aborted) request's memory and seat."""
@@ -145,11 +162,13 @@ class Scheduler(Admission, Preemption):
             self.num_seats -= seats_of(request)
             self.running.remove(request)
         elif request.status is RequestStatus.SWAPPED:
-            self._drop_swapped(request)
+            self.swap_space.undo_swap_in(request.seq_id)
+            self.swap_space.release(request.seq_id)
+            self.swapped.remove(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
-        self._batch.discard(request.seq_id)
+        self.batching.left(request)
 
     def finish_running(self, finished: list[Request]) -> None:
         """Release many running requests at once (the engine's end of a step)."""
@@ -159,7 +178,7 @@ class Scheduler(Admission, Preemption):
             self.kv.free(request.seq_id)
             self.num_seats -= seats_of(request)
             request.status = RequestStatus.FINISHED
-            self._batch.discard(request.seq_id)
+            self.batching.left(request)
         self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
 
     # ---- one step ------------------------------------------------------------------------
@@ -167,8 +186,7 @@ class Scheduler(Admission, Preemption):
     def schedule(self, now: float) -> SchedulerOutput:
         """Plan one step at clock time ``now`` and allocate its KV slots."""
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens if self._continuous else math.inf
-        budget = self._schedule_running(out, budget)
+        budget = self._schedule_running(out, self.batching.token_budget)
         if not out.preempted and self.swapped:
             budget = self._resume_swapped(out, budget)
         if not out.preempted and not self.swapped and self.waiting:
@@ -179,21 +197,22 @@ class Scheduler(Admission, Preemption):
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: float) -> float:
-        # NOTE: this loop runs for every running sequence every step; it is written for
-        # speed (locals, no helper calls on the path where the allocation succeeds).
-        allocate = self.kv.allocate_slots
-        requests, nums, copies = out.requests, out.num_new_tokens, out.blocks_to_copy
-        running = RequestStatus.RUNNING
+        """Give each running request, oldest first, its next tokens; return the budget left.
+
+        A request's next tokens are all its uncomputed ones (one when it decodes), cut to
+        the budget (a chunk of its prompt). A run of decoding requests is allocated in one
+        call (``_schedule_decodes``), which behaves exactly as this loop would.
+        """
+        requests, nums = out.requests, out.num_new_tokens
         todo = list(self.running)
         index = 0
         while index < len(todo):
             request = todo[index]
             index += 1
-            if request.status is not running:
+            if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             start = request.num_computed_tokens
-            token_ids = request.token_ids
-            num_new = len(token_ids) - start
+            num_new = request.num_tokens - start
             if num_new == 1 and budget >= 1:
                 index, budget = self._schedule_decodes(out, todo, index - 1, budget)
                 continue
@@ -202,7 +221,9 @@ class Scheduler(Admission, Preemption):
                 if num_new == 0:
                     break
             try:
-                copies += allocate(request.seq_id, num_new, token_ids[start : start + num_new])
+                out.blocks_to_copy += self.kv.allocate_slots(
+                    request.seq_id, num_new, request.token_ids[start : start + num_new]
+                )
             except CacheFullError:
                 fits, given_back = self._preempt_until_fits(request, num_new, out)
                 budget += given_back
@@ -218,8 +239,9 @@ class Scheduler(Admission, Preemption):
     ) -> tuple[int, float]:
         """Allocate the run of decoding requests ``todo[first:]`` in one ``allocate_decode``.
 
-        The same as scheduling them one by one: a request that finds no block preempts
-        (``_preempt_until_fits``) exactly where the one-by-one loop would.
+        The same as scheduling them one by one, only faster at thousands of sequences: a
+        request that finds no block preempts (``_preempt_until_fits``) exactly where the
+        one-by-one loop would.
 
         Returns:
             the index in ``todo`` to go on from, and the budget left.
@@ -255,3 +277,308 @@ class Scheduler(Admission, Preemption):
             out.add(stuck, 1)
             budget -= 1
         return where[num_allocated] + 1, budget
+
+    # ---- preemption: who gives way when blocks run out -----------------------------------
+
+    def _preempt_until_fits(
+        self, request: Request, num_new: int, out: SchedulerOutput
+    ) -> tuple[bool, int]:
+        """Free blocks until ``request``'s next tokens fit, one victim at a time.
+
+        A request prefetched for a later step gives its device blocks back first (it has
+        not run yet: no work is lost); else the victim is the newest running request
+        (FCFS), or the least important one under priority; it may be ``request`` itself.
+
+        Returns:
+            whether they fit (False: ``request`` was preempted itself), and the tokens of
+            victims already scheduled in this step, which go back to the step's token
+            budget (as vLLM's scheduler gives them back).
+        """
+        start = request.num_computed_tokens
+        token_ids = request.token_ids[start : start + num_new]
+        given_back = 0
+        while True:
+            if not self._drop_prefetched():
+                victim = self._pick_victim()
+                if victim.status is RequestStatus.RUNNING and victim in out.requests:
+                    given_back += out._remove(victim)  # priority: a less important one ran first
+                self._preempt(victim, out)
+                if victim is request:
+                    return False, given_back
+            try:
+                out.blocks_to_copy += self.kv.allocate_slots(request.seq_id, num_new, token_ids)
+                return True, given_back
+            except CacheFullError:
+                pass
+
+    def _pick_victim(self) -> Request:
+        if self.config.scheduling_policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.seq_id))
+        return self.running[-1]
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        self.running.remove(victim)
+        self.num_seats -= seats_of(victim)
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(victim)
+        if self._swap_out(victim, out):
+            return
+        # Recompute (also the fallback when there is no CPU pool, or it is full).
+        self.kv.free(victim.seq_id)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        self.waiting.push_front(victim)
+
+    # ---- swapping: preempted requests parked in CPU memory, and brought back -------------
+    #
+    # Each step's SchedulerOutput counts the blocks moved: num_blocks_swapped (out, and in
+    # without a prefetch: the step waits for them) and num_blocks_prefetched (copies that
+    # run while the step computes). The step-cost clock charges the first in full and the
+    # second only where the copy outlasts the step (kvlab.engine.step_cost).
+
+    def _swap_out(self, victim: Request, out: SchedulerOutput) -> bool:
+        """Park a preempted victim's blocks in CPU memory; False if there is no room there
+        (or nothing to keep), and the victim is recomputed instead."""
+        swap = self.swap_space
+        if swap is None or not victim.num_computed_tokens:
+            return False
+        if not swap.can_swap_out(victim.num_computed_tokens):
+            return False
+        # The victim may have run earlier in this step (priority mode): its blocks must
+        # hold their copies before they are swapped out.
+        swap.copy_blocks(out.blocks_to_copy)
+        out.blocks_to_copy.clear()
+        swap.swap_out(victim.seq_id, victim.num_computed_tokens)
+        out.num_blocks_swapped += swap.blocks_for(victim.num_computed_tokens)
+        victim.status = RequestStatus.SWAPPED
+        self.swapped.append(victim)
+        self.num_swap_outs += 1
+        out.swapped_out.append(victim)
+        return True
+
+    def _resume_swapped(self, out: SchedulerOutput, budget: float) -> float:
+        """Copy swapped requests back, oldest first, while they fit; they run this step."""
+        swap = self.swap_space
+        while self.swapped and budget > 0 and self.batching.may_admit(self.swapped[0]):
+            request = self.swapped[0]
+            if self.num_seats + seats_of(request) > self.config.max_num_seqs:
+                break
+            try:
+                # 0 blocks if a prefetch already copied them back: this step does not wait.
+                out.num_blocks_swapped += swap.swap_in(
+                    request.seq_id, request.token_ids[: request.num_computed_tokens]
+                )
+            except CacheFullError:
+                break
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            start = request.num_computed_tokens
+            try:
+                out.blocks_to_copy += self.kv.allocate_slots(
+                    request.seq_id, num_new, request.token_ids[start : start + num_new]
+                )
+            except CacheFullError:
+                swap.undo_swap_in(request.seq_id)
+                break
+            self.swapped.popleft()
+            swap.release(request.seq_id)
+            self.num_swap_ins += 1
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.num_seats += seats_of(request)
+            out.swapped_in.append(request)
+            out.add(request, num_new)
+            budget -= num_new
+        return budget
+
+    def prefetch(self, out: SchedulerOutput) -> list[Request]:
+        """Start copying swapped requests back before the step that will resume them.
+
+        Call it after ``schedule`` planned ``out`` (this step's blocks are taken); the
+        copies run while that step computes, and ``out.num_blocks_prefetched`` counts them.
+        A swapped request is prefetched when the batching mode and the seats would let it
+        run, and its blocks fit with room to spare: one block for every running sequence
+        (each may need one next step) plus the watermark. Off with ``config.prefetch``.
+
+        Returns:
+            the requests whose copy started.
+        """
+        swap = self.swap_space
+        if swap is None or not self.config.prefetch:
+            return []
+        started = []
+        seats = self.num_seats
+        for request in self.swapped:
+            if (
+                not self.batching.may_admit(request)
+                or seats + seats_of(request) > self.config.max_num_seqs
+            ):
+                break
+            seats += seats_of(request)
+            if swap.is_resident(request.seq_id):
+                continue
+            need = self.kv.blocks_for(request.num_tokens)
+            spare = len(self.running) + self.kv.watermark_blocks(self.config.watermark)
+            if self.kv.num_free_blocks - need < spare:
+                break
+            try:
+                out.num_blocks_prefetched += swap.swap_in(
+                    request.seq_id, request.token_ids[: request.num_computed_tokens]
+                )
+            except CacheFullError:
+                break
+            self.num_prefetched += 1
+            started.append(request)
+        return started
+
+    def _drop_prefetched(self) -> bool:
+        """Give back the device blocks of one prefetched request (newest first)."""
+        swap = self.swap_space
+        if swap is None:
+            return False
+        for request in reversed(self.swapped):
+            if swap.is_resident(request.seq_id):
+                swap.undo_swap_in(request.seq_id)
+                self.num_prefetched -= 1
+                return True
+        return False
+
+    # ---- admission: who joins ------------------------------------------------------------
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: float, now: float) -> None:
+        """Admit waiting requests in the queue's order, among those the batching mode lets
+        in, while a seat, the budget and the KV pool (``kv_admit``) allow; stop at the first
+        that does not fit, so a long prompt at the head is not overtaken."""
+        admitted = []
+        for request in self.batching.candidates(self.waiting, now):
+            if budget <= 0 or self.num_seats + seats_of(request) > self.config.max_num_seqs:
+                break
+            num_new = self.kv_admit(request, budget)
+            if num_new is None:
+                break
+            admitted.append(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.num_seats += seats_of(request)
+            out.add(request, num_new)
+            out.admitted.append(request)
+            budget -= num_new
+            self.batching.joined(request)
+        for request in admitted:
+            self.waiting.remove(request)
+
+    def kv_admit(self, request: Request, budget: float) -> int | None:
+        """Start a waiting ``request`` in the KV pool if its first step fits.
+
+        Its first step computes at most ``budget`` tokens of its prompt (prompt and
+        outputs so far, after a preemption); cached prefix blocks are adopted, and
+        ``request.num_computed_tokens`` set to the tokens they hold. The KV bookkeeping
+        decides (``KVCacheManager.admit``, the same rule the simulator uses).
+
+        Returns:
+            the tokens its first step computes, or None when it does not fit (nothing
+            changed).
+        """
+        admission = self.kv.admit(
+            request.seq_id,
+            request.token_ids,
+            token_budget=budget,
+            max_tokens=request.sampling_params.max_tokens - len(request.output_token_ids),
+            # The reserve does not apply when nothing runs: a request that fits alone is
+            # never starved.
+            watermark=self.config.watermark if self.running else 0.0,
+        )
+        if admission is None:
+            return None
+        num_hit, num_new = admission
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_hit
+        self.num_prompt_tokens_queried += request.num_tokens
+        self.num_prompt_tokens_hit += num_hit
+        request.num_computed_tokens = num_hit
+        return num_new
+
+
+# ---- the batching modes ------------------------------------------------------------------
+
+
+class ContinuousBatching:
+    """Anyone may join at any step; a step computes at most ``max_num_batched_tokens``."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.token_budget: float = config.max_num_batched_tokens
+
+    def may_admit(self, request: Request) -> bool:
+        """Whether ``request`` (waiting or swapped) may run now."""
+        return True
+
+    def candidates(self, waiting: WaitingQueue, now: float) -> Iterable[Request]:
+        """The waiting requests that may be admitted this step, in admission order."""
+        return iter(waiting)
+
+    def next_wakeup(self, waiting: WaitingQueue) -> float | None:
+        """When an idle engine should look again (None: when a request arrives)."""
+        return None
+
+    def joined(self, request: Request) -> None:
+        """``request`` started running (admitted, forked, or requeued after a failed fork)."""
+
+    def left(self, request: Request) -> None:
+        """``request`` finished or was aborted."""
+
+
+class StaticBatching(ContinuousBatching):
+    """A batch is admitted together and runs to completion; no token budget per step.
+
+    Attributes:
+        batch: the seq_ids of the batch in progress (empty: the next may start).
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.token_budget = math.inf
+        self.batch: set[int] = set()
+
+    def may_admit(self, request: Request) -> bool:
+        return request.seq_id in self.batch or not self.batch
+
+    def candidates(self, waiting: WaitingQueue, now: float) -> Iterable[Request]:
+        if self.batch:
+            # A batch is in progress: only its own preempted members may come back.
+            return (r for r in waiting if r.seq_id in self.batch)
+        return iter(waiting) if self.batch_is_ready(waiting, now) else ()
+
+    def batch_is_ready(self, waiting: WaitingQueue, now: float) -> bool:
+        """Static: a batch starts as soon as the last one is done."""
+        return True
+
+    def joined(self, request: Request) -> None:
+        self.batch.add(request.seq_id)
+
+    def left(self, request: Request) -> None:
+        self.batch.discard(request.seq_id)
+
+
+class DynamicBatching(StaticBatching):
+    """Static batches that an empty engine waits to fill: a batch starts once
+    ``max_num_seqs`` requests wait, or once the oldest has waited ``batch_timeout``."""
+
+    def batch_is_ready(self, waiting: WaitingQueue, now: float) -> bool:
+        if len(waiting) >= self.config.max_num_seqs:
+            return True
+        # NOTE: the same sum as next_wakeup, so that an engine idling until exactly that
+        # moment finds the batch ready (now - arrival could round just below the timeout).
+        return now >= waiting.oldest_arrival() + self.config.batch_timeout
+
+    def next_wakeup(self, waiting: WaitingQueue) -> float | None:
+        if self.batch or not waiting:
+            return None
+        return waiting.oldest_arrival() + self.config.batch_timeout
+
+
+BATCHING = {
+    "static": StaticBatching,
+    "dynamic": DynamicBatching,
+    "continuous": ContinuousBatching,
+}
