@@ -54,7 +54,6 @@ BOOKKEEPING = (
     "block_table",
     "prefix_cache",
     "block_manager",
-    "block_manager_sharing",
     "contiguous_arena",
     "contiguous_manager",
 )

@@ -3,8 +3,8 @@
 Two halves. Bookkeeping, plain Python: ``manager`` is the interface the scheduler talks to
 (admit, allocate_slots, fork, free, usage), ``contiguous_manager`` (over
 ``contiguous_arena``) and ``block_manager`` (over ``block_pool``, with ``block_table``'s
-rows, and ``block_manager_sharing``'s forks, copy-on-write and prefix hits) implement it,
-and ``kvlab.sim.simulator`` reuses them. Storage, torch: ``base`` is the
+rows; forks, copy-on-write and prefix hits included) implement it, and
+``kvlab.sim.simulator`` reuses them. Storage, torch: ``base`` is the
 interface the model runner reads and writes through; ``naive`` (one growing tensor per
 sequence), ``contiguous`` and ``paged`` (one preallocated pool, bookkeeping in a manager).
 
