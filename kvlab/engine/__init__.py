@@ -8,8 +8,7 @@ waiting_queue         the waiting requests, FCFS or by priority
 scheduler             who runs each step: running requests first, preemption (recompute or
                       swap), admission; the batching mode (static, dynamic, continuous)
 scheduler_output      SchedulerOutput: one step's plan
-llm_engine            LLMEngine.step: admit, allocate, compute, sample, free
-sample_step           the loop's sample-and-fork half: tokens, n > 1 forks, token times
+llm_engine            LLMEngine.step: admit, allocate, compute, sample (and fork), free
 step_inputs           a step's plan packed into one flat batch for the model
 intake                what LLMEngine.add_request checks before a request is queued; arrivals
 model_free            a stand-in for the model, for the engine's own loop at any scale

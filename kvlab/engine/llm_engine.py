@@ -10,8 +10,12 @@
                     the next step may resume, so the copy overlaps this step's compute
     4. compute      one forward pass over the new tokens of every sequence, packed flat
                     (varlen: a prefill chunk and 60 decodes share the same matmuls)
-    5. sample       a next token for every sequence whose tokens are all computed;
-                    a request with n > 1 forks its samples here, sharing the prompt's blocks
+    5. sample       ``num_computed_tokens`` advances by the tokens just computed; a
+                    sequence whose tokens are all computed gets a next token (a prefill
+                    chunk that is not its last samples nothing); a request with n > 1
+                    forks its samples 1..n-1 here, sharing the prompt's blocks; a token
+                    ends a sample at EOS (unless ignore_eos), max_tokens or max_model_len;
+                    each token's time is kept (TTFT, the gaps between tokens)
     6. free         finished sequences give their blocks back; full blocks stay in the
                     prefix cache, reusable by a later prompt with the same prefix
 
@@ -19,7 +23,7 @@ and it returns a ``RequestOutput`` for every request that got a token. ``kvlab.L
 this loop for offline use; a lab can call ``step()`` itself and draw the cache in between.
 
 Not handled: online serving (HTTP, streaming), tensor parallelism, detokenizing text
-before a sample finishes, stop strings.
+before a sample finishes, stop strings, beam search, logprobs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kvlab.cache.base import PooledKVCache
+from kvlab.cache.manager import CacheFullError
 from kvlab.cache.swap import SwapSpace
 from kvlab.engine.intake import (
     Arrivals,
@@ -41,8 +46,7 @@ from kvlab.engine.intake import (
 from kvlab.engine.metrics import RunMetrics, WallClock
 from kvlab.engine.outputs import RequestOutput, request_output
 from kvlab.engine.request import Request, RequestStatus
-from kvlab.engine.sample_step import SampleStep
-from kvlab.engine.sampler import make_generator
+from kvlab.engine.sampler import make_generator, sample
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
@@ -55,7 +59,7 @@ from kvlab.model.runner import ModelRunner
 StepCallback = Callable[[StepStats], None]
 
 
-class LLMEngine(SampleStep):
+class LLMEngine:
     """Owns the runner, the cache and the scheduler; ``step()`` advances every request.
 
     Args:
@@ -246,6 +250,69 @@ class LLMEngine(SampleStep):
     def _move_arrivals(self, now: float) -> None:
         for request in self._arrivals.pop_arrived(now):
             self.scheduler.add_request(request)
+
+    def _update(self, out: SchedulerOutput, logits: torch.Tensor, now: float):
+        """Count computed tokens, sample where a sequence is complete, fork, spot the finished.
+
+        Returns:
+            the finished samples, and the ids of the requests to report (those that got a
+            token: all, for "cumulative" output; only finished ones for "final_only").
+        """
+        # NOTE: both loops run over every running sequence every step: lengths are read
+        # with len() rather than through the Request's properties.
+        rows = []
+        for i, (request, num_new) in enumerate(zip(out.requests, out.num_new_tokens, strict=True)):
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens == len(request.token_ids):
+                rows.append(i)  # a prefill chunk that is not the last one samples nothing
+        if len(rows) == len(out.requests):  # every row samples (any step without a chunk)
+            sampled, tokens = out.requests, sample(logits, out.requests)
+        else:
+            sampled = [out.requests[i] for i in rows]
+            tokens = sample(logits[rows], sampled) if rows else []
+        finished, touched = [], {}
+        for i, request, token in zip(rows, sampled, tokens, strict=True):
+            if request.first_token_time is None:
+                request.first_token_time = now
+            elif now - request.last_token_time > request.max_token_gap:
+                request.max_token_gap = now - request.last_token_time
+            request.last_token_time = now
+            if request.sampling_params.n > 1 and not request.output_token_ids:
+                finished.extend(self._fork(request, logits[i], now))
+            if request.append_token(token):
+                request.finished_time = now
+                finished.append(request)
+                touched[request.request_id] = None
+            elif request.sampling_params.output_kind == "cumulative":
+                touched[request.request_id] = None  # a running request reports every token
+        return finished, list(touched)
+
+    def _fork(self, parent: Request, logits_row: torch.Tensor, now: float) -> list[Request]:
+        """Start samples 1..n-1 of ``parent``, sharing its prompt's blocks; return finished."""
+        children = []
+        for index in range(1, parent.sampling_params.n):
+            generator = None
+            if parent.base_seed is not None:
+                generator = make_generator(parent.base_seed + index, self.runner.device)
+            child = parent.fork(next(self._seq_ids), index, generator)
+            child.first_token_time = child.last_token_time = now
+            children.append(child)
+        tokens = sample(logits_row.expand(len(children), -1), children)
+        finished = []
+        for child, token in zip(children, tokens, strict=True):
+            self._samples[parent.request_id].append(child)
+            done = child.append_token(token)
+            if done:
+                child.finished_time = now
+            try:
+                self.cache.fork(parent.seq_id, child.seq_id)
+            except CacheFullError:
+                self.scheduler.fork_failed(child)  # it waits, or finishes if it is done
+                continue
+            self.scheduler.add_forked(child)
+            if done:
+                finished.append(child)
+        return finished
 
     # ---- outputs and metrics -------------------------------------------------------------
 
