@@ -17,6 +17,7 @@ import pytest
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import CacheFullError
 from kvlab.cache.prefix_cache import ROOT_HASH, hash_block_tokens
+from kvlab.exercises import prefix_cache_grader
 from kvlab.exercises.build_prefix_cache import (
     CRITERIA,
     LearnerPool,
@@ -54,6 +55,7 @@ class Stub:
 
 
 Right = MyBlockPool  # the solution, as a learner writes it
+NOTEBOOK_BLOCK_SIZE = 16  # lab 06's BLOCK_SIZE, a global a learner may reach for
 
 
 class FreeToTheFront(Right):
@@ -185,6 +187,73 @@ class SkipsAMiss(Right):
         return blocks, hashes
 
 
+class GlobalBlockSize(Right):
+    """Walks the prompt in blocks of the notebook's BLOCK_SIZE (16), not of its block_size
+    argument (the grader's 2)."""
+
+    def match_prefix(self, block_size, token_ids):
+        return super().match_prefix(NOTEBOOK_BLOCK_SIZE, token_ids)
+
+
+class ExactFitRefused(Right):
+    """Refuses allocate(num) when exactly num blocks are free (>= where > belongs)."""
+
+    def allocate(self, num):
+        if num >= len(self.free_queue):
+            raise CacheFullError(f"{num} blocks wanted, {len(self.free_queue)} free")
+        return super().allocate(num)
+
+
+class RehashesAHashedBlock(Right):
+    """Lists a block again when cache is called on a block that already has a hash."""
+
+    def cache(self, block_id, block_hash):
+        self.cached.setdefault(block_hash, []).append(block_id)
+        self.block_hash[block_id] = block_hash
+
+
+class NewestCopyFirst(Right):
+    """Puts a hash's newest copy first in cached[hash], not after the older ones."""
+
+    def cache(self, block_id, block_hash):
+        if self.block_hash[block_id] is None:
+            self.cached.setdefault(block_hash, []).insert(0, block_id)
+            self.block_hash[block_id] = block_hash
+
+
+class HitAddsTwoHolders(Right):
+    def take_cached(self, block_id):
+        super().take_cached(block_id)
+        self.ref_cnt[block_id] += 1
+
+
+class AllocateSetsNoHolder(Right):
+    """Leaves ref_cnt as it was (0) on the blocks it hands out."""
+
+    def allocate(self, num):
+        blocks = super().allocate(num)
+        for block in blocks:
+            self.ref_cnt[block] = 0
+        return blocks
+
+
+class FreeDropsEveryHolder(Right):
+    """Frees a block outright, though another sequence may still hold it."""
+
+    def free(self, block_ids):
+        for block in block_ids:
+            self.ref_cnt[block] = min(self.ref_cnt[block], 1)
+        super().free(block_ids)
+
+
+class HashOnlyInCached(Right):
+    """Lists the block in cached[hash] but leaves block_hash[block] None."""
+
+    def cache(self, block_id, block_hash):
+        if block_id not in self.cached.get(block_hash, ()):
+            self.cached.setdefault(block_hash, []).append(block_id)
+
+
 class TakesThenRefuses(Right):
     def allocate(self, num):
         taken = []
@@ -198,22 +267,35 @@ class TakesThenRefuses(Right):
         return taken
 
 
+# (mistake, the criterion that catches it, how the misconception named starts; "" for none)
 PLANTED = [
-    (FreeToTheFront, "lru"),
-    (OneQueueForAll, "lru"),
-    (PlainBlocksReversed, "lru"),
-    (HitStaysInQueue, "lru"),
-    (HitAddsNoHolder, "ref_cnt"),
-    (FreeForgetsTheHash, "cache"),
-    (ReuseKeepsTheHash, "cache"),
-    (EvictionLeavesAnEmptyList, "cache"),
-    (OneBlockPerHash, "cache"),
-    (MatchesTheLastToken, "match_prefix"),
-    (UnchainedHashes, "match_prefix"),
-    (SkipsAMiss, "match_prefix"),
-    (NoHits, "match_prefix"),
-    (LastCopyFirst, "match_prefix"),
-    (TakesThenRefuses, "refuses"),
+    (FreeToTheFront, "lru", "free puts a block with a hash at the back"),
+    (OneQueueForAll, "lru", "free puts a block without a hash at the front"),
+    (PlainBlocksReversed, "lru", "plain blocks freed together go to the front in the order"),
+    (HitStaysInQueue, "lru", "a prefix hit on a free block takes it out of free_queue"),
+    (HitAddsNoHolder, "ref_cnt", "a prefix hit adds a holder"),
+    (
+        HitAddsTwoHolders,
+        "ref_cnt",
+        "a prefix hit adds one holder: take_cached does ref_cnt + 1 once",
+    ),
+    (AllocateSetsNoHolder, "ref_cnt", "allocate sets ref_cnt 1 on each block"),
+    (FreeDropsEveryHolder, "lru", "free takes one holder away"),
+    (FreeForgetsTheHash, "cache", "free keeps a block's hash"),
+    (ReuseKeepsTheHash, "cache", "allocate evicts: a cached block it hands out loses its hash"),
+    (EvictionLeavesAnEmptyList, "cache", "allocate evicts: when it takes the last block"),
+    (OneBlockPerHash, "cache", "a block whose hash another block already has is hashed too"),
+    (RehashesAHashedBlock, "cache", "cache leaves a block that already has a hash as it is"),
+    (NewestCopyFirst, "cache", "cache appends a new copy at the end of cached[hash]"),
+    (HashOnlyInCached, "cache", "cache sets block_hash[block_id] as well"),
+    (MatchesTheLastToken, "match_prefix", "stop one token short"),
+    (UnchainedHashes, "match_prefix", "chain the hashes"),
+    (SkipsAMiss, "match_prefix", "stop at the first block the cache lacks"),
+    (NoHits, "match_prefix", ""),  # no known mistake finds nothing at all: none is named
+    (LastCopyFirst, "match_prefix", "a hash with several cached copies"),
+    (GlobalBlockSize, "match_prefix", "use the block_size argument, not a global"),
+    (TakesThenRefuses, "refuses", "check that enough blocks are free first"),
+    (ExactFitRefused, "refuses", "refuse only when fewer than num blocks are free"),
 ]
 
 
@@ -223,13 +305,57 @@ def test_the_stub_scores_nothing():
     assert "allocate() is not written yet" in report.verdicts[0].detail
 
 
-@pytest.mark.parametrize(("planted", "criterion"), PLANTED, ids=lambda x: getattr(x, "__name__", x))
-def test_each_planted_defect_fails_its_criterion(planted, criterion):
+@pytest.mark.parametrize(
+    ("planted", "criterion", "misconception"),
+    PLANTED,
+    ids=[planted.__name__ for planted, _, _ in PLANTED],
+)
+def test_each_planted_defect_fails_its_criterion_and_names_its_misconception(
+    planted, criterion, misconception
+):
     report = check_prefix_cache(planted, num_sequences=200)
     failed = [v for v in report.verdicts if not v.passed]
     assert [v.criterion for v in failed] == [criterion], repr(report)
-    assert failed[0].misconception
+    if misconception:
+        assert failed[0].misconception.startswith(misconception), repr(report)
+    else:
+        assert failed[0].misconception == "", repr(report)
     assert not report.passed
+
+
+def test_copies_in_another_order_are_shown_as_they_differ():
+    """Not as two equal-looking lists of the cached blocks."""
+    (failed,) = [v for v in check_prefix_cache(NewestCopyFirst).verdicts if not v.passed]
+    assert "blocks [2, 1] carry one hash; cached lists them [1, 2], expected [2, 1]" in (
+        failed.detail
+    )
+
+
+def test_an_exact_fit_refused_is_told_apart_from_a_free_queue_mistake():
+    (failed,) = [v for v in check_prefix_cache(ExactFitRefused).verdicts if not v.passed]
+    assert "allocate(2) raised CacheFullError with 2 blocks free" in failed.detail
+    assert prefix_cache_grader.check_refusal(ExactFitRefused) == (
+        "refuses",
+        "allocate(10) on a fresh pool of 10 raised CacheFullError",
+        prefix_cache_grader.EXACT_FIT,
+    )
+    assert prefix_cache_grader.check_refusal(Right) is None
+
+
+def test_caching_a_hashed_block_again_is_checked_directly():
+    assert prefix_cache_grader.check_rehash(Right) is None
+    criterion, detail, _ = prefix_cache_grader.check_rehash(RehashesAHashedBlock)
+    assert criterion == "cache"
+    assert "a second cache(0, h) made it [0, 0]" in detail
+
+
+def test_a_global_block_size_is_named_with_the_size_it_walks():
+    (failed,) = [v for v in check_prefix_cache(GlobalBlockSize).verdicts if not v.passed]
+    assert "finds a prefix cached in blocks of 16 tokens, none in blocks of 2" in (
+        failed.misconception
+    )
+    assert prefix_cache_grader._sizes_it_matches(Right) == list(prefix_cache_grader.PROBE_SIZES)
+    assert prefix_cache_grader._sizes_it_matches(NoHits) == []
 
 
 def test_an_evicted_hash_left_in_cached_is_blamed_on_allocate_not_match_prefix():
@@ -272,7 +398,10 @@ def test_the_manager_refuses_a_pool_of_another_size():
 
 
 def test_help_comes_in_steps():
-    assert hint_prefix_cache(1) != hint_prefix_cache(3)
+    assert hint_prefix_cache(1) != hint_prefix_cache(2) != hint_prefix_cache(3)
+    assert "block_size argument (not the" in hint_prefix_cache(2)
+    steps = hint_prefix_cache(3).splitlines()
+    assert len(steps) > 20 and "  1. if num > len(free_queue): raise CacheFullError" in steps[1]
     with pytest.raises(ValueError, match="level=0 is not allowed: use 1 to 3"):
         hint_prefix_cache(0)
     assert "def match_prefix" in reveal_prefix_cache()

@@ -7,16 +7,19 @@ to vLLM 0.32.0's rules (``vllm/v1/core/block_pool.py``, as ``kvlab.cache.block_p
     allocate(num) -> block_ids        from the front of free_queue, ref_cnt 1 each; a cached
                                       block handed out is evicted (its hash forgotten, and
                                       a hash with no block left leaves cached);
-                                      CacheFullError and no change when fewer than num are free
+                                      CacheFullError and no change when fewer than num are
+                                      free (exactly num free is enough)
     free(block_ids)                   ref_cnt - 1 each; at 0 a block without a hash goes to
                                       the front of free_queue (one call's blocks in their
                                       order: callers pass a sequence's blocks last first),
                                       a hashed one to the back, keeping its hash
     cache(block_id, block_hash)       a held, full block is hashed, findable even when
                                       another block already has that hash (cached[hash]
-                                      lists the copies); vLLM's name: "cache" means "hash"
+                                      lists the copies, oldest first); a block that has a
+                                      hash keeps it; vLLM's name: "cache" means "hash"
     take_cached(block_id)             a prefix hit: ref_cnt + 1; a free block leaves the queue
-    match_prefix(block_size, ids)     the chained hashes of the prompt's full blocks, walked
+    match_prefix(block_size, ids)     the chained hashes of the prompt's blocks of block_size
+                                      tokens (the argument: the check passes 2), walked
                                       until the first the cache lacks, never the block of the
                                       prompt's last token: (block_ids, block_hashes), each
                                       block the first copy of its hash; changes nothing
@@ -25,10 +28,12 @@ to vLLM 0.32.0's rules (``vllm/v1/core/block_pool.py``, as ``kvlab.cache.block_p
 prompts share prefixes go through a ``BlockManager`` that takes its blocks from the
 learner's pool and through one on kvlab's ``BlockPool``, side by side; after every request
 the pools must agree on every ``ref_cnt``, the free queue's order, every ``block_hash`` and
-the tokens each prompt found cached. The first failure is shrunk and comes with its likely
-misconception. Last, SmolLM2 serves requests with one system prompt through the engine,
-prefix caching on, with the learner's pool inside: every step's K/V and every token must
-equal kvlab's, and so must the prompt tokens the cache served.
+the tokens each prompt found cached. Fixed cases add what those requests rarely reach (an
+exact fit, a block hashed twice, a gap). The first failure is shrunk and comes with the
+misconception its operation and state point to, if one does. Last, SmolLM2 serves
+requests with one system prompt through the engine, prefix caching on, with the learner's
+pool inside: every step's K/V and every token must equal kvlab's, and so must the prompt
+tokens the cache served.
 
     hint_prefix_cache(1), (2), (3)    help in steps
     reveal_prefix_cache()             kvlab's own methods
@@ -69,31 +74,63 @@ CRITERIA = {
     "lru": "free_queue: plain blocks at the front, reused first; cached blocks at the back, "
     "evicted least recently used first",
     "cache": "a freed block keeps its hash until allocate evicts it (a hash with no block left "
-    "leaves cached); a second block with a hash already in cached is added to its list",
+    "leaves cached); a second block with a hash already in cached joins the end of its list; "
+    "a block that has a hash keeps it as it is",
     "match_prefix": "match_prefix finds the longest chained-hash prefix, short of the last token",
-    "refuses": "allocate raises CacheFullError when too few blocks are free, changing nothing",
+    "refuses": "allocate raises CacheFullError only when fewer than num blocks are free "
+    "(exactly num is enough), changing nothing",
     "generation": "requests sharing a system prompt, through the engine, hit as kvlab's do",
 }
 STUCK = "Stuck? hint_prefix_cache(1), then 2 and 3; reveal_prefix_cache() shows kvlab's own."
 HINTS = (
     "free_queue is an OrderedDict used as a queue: popitem(last=False) takes the front, "
     "free_queue[b] = None puts b at the back, move_to_end(b, last=False) moves it to the "
-    "front, del free_queue[b] takes b out of the middle (a hit on a free block). cached "
-    "maps block_hash -> [block_id, ...], the copies in the order they were cached; "
-    "block_hash[b] is the other direction.",
-    "allocate: for each block taken from the front, if block_hash[b] is not None, remove b "
-    "from cached[block_hash[b]] (delete the entry once empty) and set block_hash[b] = None "
-    "(eviction), then ref_cnt[b] = 1. free: ref_cnt[b] -= 1; at 0 a hashed block goes to "
-    "the back (free_queue[b] = None), a block without a hash to the front: collect those, "
-    "then put them at the front in reverse, so the first freed ends up first (do not "
-    "reverse block_ids: callers already pass them last first). take_cached: if "
-    "ref_cnt[b] == 0, del free_queue[b]; then ref_cnt[b] += 1.",
-    "match_prefix: parent = ROOT_HASH; for start in range(0, len(ids) - block_size, "
-    "block_size): parent = hash_block_tokens(parent, ids[start:start + block_size]); stop "
-    "if parent is not in cached, else keep (cached[parent][0], parent). The range stops "
-    "before the block of the last token; nothing changes (the block manager then calls "
-    "take_cached on each block found). cache: if the block has no hash yet, append it to "
-    "cached.setdefault(block_hash, []) and set block_hash[block_id].",
+    "front, del free_queue[b] takes b out of the middle. cached maps block_hash -> "
+    "[block_id, ...], the oldest copy first; block_hash[b] is the other direction, and the "
+    "two always agree.",
+    "\n".join(
+        (
+            "What each method changes:",
+            "- allocate: blocks from the front; a hashed one is evicted (loses its hash);",
+            "  ref_cnt 1 each",
+            "- free: ref_cnt - 1; at 0 a plain block to the front (the first freed first),",
+            "  a hashed one to the back",
+            "- cache: only a block with no hash yet, at the end of cached[hash]",
+            "- take_cached: out of free_queue if it is free, then ref_cnt + 1",
+            "- match_prefix: the prompt in blocks of its block_size argument (not the",
+            "  notebook's BLOCK_SIZE), each hash chained to the one before, from ROOT_HASH",
+        )
+    ),
+    "\n".join(
+        (
+            "allocate(num):",
+            "  1. if num > len(free_queue): raise CacheFullError (nothing changed yet)",
+            "  2. num times: b = free_queue.popitem(last=False)[0]",
+            "  3. if block_hash[b] is not None: remove b from cached[block_hash[b]],",
+            "     delete that entry once empty, set block_hash[b] = None",
+            "  4. ref_cnt[b] = 1; return the blocks taken",
+            "free(block_ids):",
+            "  1. for each b: ref_cnt[b] -= 1; at 0, if hashed: free_queue[b] = None (the back)",
+            "  2. the plain ones reaching 0, collected: each to the front in reverse order",
+            "     (free_queue[b] = None, then move_to_end(b, last=False)): the first freed is",
+            "     first. Do not reverse block_ids: callers pass them last first already.",
+            "cache(block_id, block_hash):",
+            "  1. if block_hash[block_id] is not None: return (it keeps its hash)",
+            "  2. cached.setdefault(block_hash, []).append(block_id)",
+            "  3. block_hash[block_id] = block_hash",
+            "take_cached(block_id):",
+            "  1. if ref_cnt[block_id] == 0: del free_queue[block_id]",
+            "  2. ref_cnt[block_id] += 1",
+            "match_prefix(block_size, token_ids):",
+            "  1. parent = ROOT_HASH; blocks, hashes = [], []",
+            "  2. for start in range(0, len(token_ids) - block_size, block_size):",
+            "     (the range stops before the block of the last token)",
+            "  3.   parent = hash_block_tokens(parent, token_ids[start:start + block_size])",
+            "  4.   if parent not in cached: stop",
+            "  5.   keep cached[parent][0] in blocks and parent in hashes",
+            "  6. return blocks, hashes; change nothing (the manager calls take_cached)",
+        )
+    ),
 )
 
 

@@ -41,11 +41,17 @@ class LearnerPool:
     Every change goes to the learner's methods; every question is answered from the
     learner's state (``ref_cnt``, ``block_hash``, ``free_queue``, ``cached``), unchecked.
     ``share`` (a fork adds a holder) is kvlab's: the exercise is the prefix cache.
+
+    Attributes:
+        refused: ``(num, free blocks)`` of an ``allocate(num)`` the learner refused with
+            CacheFullError although that many blocks were free, or None. The manager
+            passes the refusal on as "the cache is full", so the grader reads it here.
     """
 
     def __init__(self, learner) -> None:
         self.learner = learner
         self.num_blocks = len(learner.ref_cnt)
+        self.refused: tuple[int, int] | None = None
 
     @property
     def ref_cnt(self) -> list[int]:
@@ -71,7 +77,13 @@ class LearnerPool:
         return list(self.learner.free_queue)
 
     def allocate(self, num: int) -> list[int]:
-        return list(call("allocate", self.learner.allocate, num))
+        num_free = self.num_free_blocks
+        try:
+            return list(call("allocate", self.learner.allocate, num))
+        except CacheFullError:
+            if num <= num_free:
+                self.refused = (num, num_free)
+            raise
 
     def free(self, block_ids) -> None:
         call("free", self.learner.free, list(block_ids))

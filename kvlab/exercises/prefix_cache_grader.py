@@ -2,12 +2,20 @@
 ``BlockManager``, kvlab's ``BlockPool`` inside another, the same requests through both.
 
     first_difference(make, ops)   the first criterion a sequence of requests breaks, what
-                                  happened, and the misconception it most often means
+                                  happened, and the misconception that the failing
+                                  operation and the state it saw point to ("" if none does)
     random_ops(rng, n)            seeded requests whose prompts share prefixes (so blocks
                                   are hit, freed, kept cached and evicted)
     shrink(make, ops, criterion)  the fewest operations still breaking it
-    PROBES                        fixed cases the random requests rarely reach (a refusal,
-                                  a gap in the free queue, several plain blocks freed at once)
+    PROBES                        fixed cases the random requests rarely reach: a prompt
+                                  whose first block was evicted, several plain blocks freed
+                                  at once, a block hashed twice, an exact fit, a refusal
+
+A misconception is named only when the learner's answer is the one a known mistake gives:
+a prefix match is compared with kvlab's walk done wrong in each known way (hashes not
+chained, past a miss, the last copy of a hash) and tried at other block sizes (a global
+block size); a free queue, ``ref_cnt`` or ``cached`` that differs is read against what
+the operation freed, adopted and took.
 
 The pools must agree exactly (the policy is fixed, so the block ids are too): after every
 operation the ``ref_cnt`` of every block, the free queue's order (plain blocks first, the
@@ -24,6 +32,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool
@@ -35,10 +44,42 @@ from kvlab.exercises.learner_pool import LearnerError, LearnerPool, call
 NUM_BLOCKS = 10
 BLOCK_SIZE = 2
 PREFIXES = ((1, 2, 3, 4, 5, 1), (1, 2, 4, 3), (5, 5, 1, 2, 3))
+PROBE_SIZES = (2, 4, 8, 16, 32)  # block sizes a match is tried at (lab 06's BLOCK_SIZE is 16)
 Op = tuple  # ("add", seq_id, prompt), ("grow", seq_id, token) or ("free", seq_id)
 EMPTY_HASH = (
     "allocate evicts: when it takes the last block of a hash, the hash leaves cached too "
     "(del cached[h]); an empty list left there makes match_prefix find a hash with no block"
+)
+EVICTS = (
+    "allocate evicts: a cached block it hands out loses its hash (from cached and "
+    "block_hash; a hash with no block left leaves cached)"
+)
+EXACT_FIT = (
+    "refuse only when fewer than num blocks are free (num > len(free_queue)): exactly num "
+    "free blocks are enough"
+)
+COPIES_IN_ORDER = (
+    "cache appends a new copy at the end of cached[hash]: a hash's blocks stay in the order "
+    "they were hashed, and match_prefix takes cached[hash][0], the oldest"
+)
+LAST_TOKEN = (
+    "stop one token short: the block holding the prompt's last token is always computed, "
+    "because its logits pick the first output token"
+)
+# (a mistaken walk, as _walk's arguments; what it means), tried in order
+MATCH_MISTAKES = (
+    (
+        {"chained": False},
+        "chain the hashes: each block's hash is hash_block_tokens(the previous block's hash, "
+        "its tokens), from ROOT_HASH, so it stands for the whole prefix: equal tokens after a "
+        "different prefix are a different block",
+    ),
+    ({"past_a_miss": True}, "stop at the first block the cache lacks: a prefix has no gaps"),
+    (
+        {"copy_at": -1},
+        "a hash with several cached copies: take the first one cached, cached[hash][0], the "
+        "copy kvlab's lookup finds",
+    ),
 )
 _CRITERION_OF = {
     "allocate": "ref_cnt",
@@ -58,24 +99,53 @@ def managers(make: Callable) -> tuple[BlockManager, BlockManager]:
     )
 
 
+@dataclass(frozen=True)
+class Step:
+    """One operation as kvlab's manager ran it: what a failure after it is read against."""
+
+    op: Op
+    where: str  # "operation 3, free seq 1"
+    freed: list[int]  # the blocks a free gave back (its sequence's table)
+    adopted: list[int]  # the cached blocks an add found
+    taken: list[int]  # the blocks allocate handed out
+
+
 def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
-    """(criterion, what happened, misconception) of the first difference, or None."""
+    """(criterion, what happened, misconception) of the first difference, or None. The
+    misconception is read from the operation that failed and the state it saw; it is ""
+    when no known mistake explains what the learner's pool did."""
     mine, ref = managers(make)
     for index, op in enumerate(ops):
         where = f"operation {index + 1}, {show_op(op)}"
-        why = _wrong_match(mine, ref, op) if op[0] == "add" else ""
+        why = _wrong_match(make, mine, ref, op[2]) if op[0] == "add" else ""
+        before = ref.block_table(op[1]) if op[1] in ref else []
         try:
             got = apply_op(mine, op)
         except LearnerError as error:
             if _empty_hashes(mine.pool.learner):
                 return "cache", f"{where}: {error}", EMPTY_HASH
-            return _CRITERION_OF[error.method], f"{where}: {error}", "a bug in the method it names"
+            return _CRITERION_OF[error.method], f"{where}: {error}", ""
         except Exception as error:  # noqa: BLE001 - kvlab's manager, fed the learner's answers
             criterion = "match_prefix" if op[0] == "add" else "ref_cnt"
             detail = f"{where}: the block manager failed on what your pool returned: {error}"
-            return criterion, detail, why or "a method returned something the manager cannot use"
+            return criterion, detail, why
+        if mine.pool.refused is not None:
+            num, num_free = mine.pool.refused
+            detail = f"{where}: allocate({num}) raised CacheFullError with {num_free} blocks free"
+            return "refuses", detail, EXACT_FIT
         expected = apply_op(ref, op)
-        failure = _compare(mine, ref, got, expected, why, op, where)
+        if op[0] == "add" and expected is None:
+            where += " (it did not fit: the blocks it took were freed again)"
+        after = ref.block_table(op[1]) if op[1] in ref else []
+        adopted = after[: expected // BLOCK_SIZE] if op[0] == "add" and expected else []
+        step = Step(
+            op,
+            where,
+            freed=before if op[0] == "free" else [],
+            adopted=adopted,
+            taken=[b for b in after if b not in before and b not in adopted],
+        )
+        failure = _compare(mine, ref, got, expected, why, step)
         if failure is not None:
             return failure
     return None
@@ -102,98 +172,218 @@ def apply_op(manager: BlockManager, op: Op):
     return computed
 
 
-def _compare(mine, ref, got, expected, why, op, where):
-    pool, ref_pool = mine.pool.learner, ref.pool
+def _compare(mine, ref, got, expected, why, step: Step):
+    """The first criterion on which the two managers disagree after ``step``, or None."""
     if got != expected:
-        return "match_prefix", f"{where}: found {got} prompt tokens cached, kvlab {expected}", why
-    if op[0] == "add" and got and mine.block_table(op[1]) != ref.block_table(op[1]):
         return (
             "match_prefix",
-            f"{where}: adopted blocks {mine.block_table(op[1])[: got // BLOCK_SIZE]}, "
-            f"kvlab {ref.block_table(op[1])[: got // BLOCK_SIZE]}",
+            f"{step.where}: found {got} prompt tokens cached, kvlab {expected}",
             why,
         )
-    if list(pool.free_queue) != ref_pool.free_block_ids():
+    if step.adopted and mine.block_table(step.op[1])[: len(step.adopted)] != step.adopted:
+        found = mine.block_table(step.op[1])[: len(step.adopted)]
+        return "match_prefix", f"{step.where}: adopted blocks {found}, kvlab {step.adopted}", why
+    pool, ref_pool = mine.pool.learner, ref.pool
+    return (
+        _queue_failure(pool, ref_pool, step)
+        or _ref_cnt_failure(pool, ref_pool, step)
+        or _cache_failure(pool, ref_pool, step)
+    )
+
+
+# ---- what a learner's match got wrong -----------------------------------------------------
+
+
+def _wrong_match(make: Callable, mine, ref, prompt) -> str:
+    """The known mistake that gives the learner's match for ``prompt``, asked before the
+    operation runs, on a copy of the learner's pool; "" if the match is right or no known
+    mistake gives it."""
+    ids = list(prompt)
+    try:
+        blocks, _ = copy.deepcopy(mine.pool.learner).match_prefix(BLOCK_SIZE, ids)
+        blocks = list(blocks)
+    except Exception:  # noqa: BLE001 - reported by the operation itself
+        return ""
+    if blocks == _walk(ref.pool, BLOCK_SIZE, ids):
+        return ""
+    if len(blocks) * BLOCK_SIZE >= len(ids):
+        return LAST_TOKEN
+    for mistake, message in MATCH_MISTAKES:
+        if blocks == _walk(ref.pool, BLOCK_SIZE, ids, **mistake):
+            return message
+    sizes = _sizes_it_matches(make)
+    if sizes and BLOCK_SIZE not in sizes:
         return (
-            "lru",
-            f"after {where}: free_queue is {list(pool.free_queue)}, expected "
-            f"{ref_pool.free_block_ids()}",
-            _wrong_queue(pool, ref_pool),
+            "use the block_size argument, not a global such as the notebook's BLOCK_SIZE: "
+            f"your match_prefix finds a prefix cached in blocks of {_or(sizes)} tokens, none "
+            f"in blocks of {BLOCK_SIZE}, the block_size the check passes"
         )
-    if list(pool.ref_cnt) != ref_pool.ref_cnt:
-        b = next(i for i, n in enumerate(ref_pool.ref_cnt) if pool.ref_cnt[i] != n)
+    return ""
+
+
+def _walk(pool: BlockPool, block_size: int, ids, chained=True, past_a_miss=False, copy_at=0):
+    """The blocks a prefix walk over kvlab's ``pool`` finds: the right walk, or one with a
+    known mistake (hashes not chained, going on past a miss, another copy of a hash)."""
+    blocks, parent = [], ROOT_HASH
+    for start in range(0, len(ids) - block_size, block_size):
+        parent = hash_block_tokens(
+            parent if chained else ROOT_HASH, ids[start : start + block_size]
+        )
+        copies = pool.cached_blocks(parent)
+        if copies:
+            blocks.append(copies[copy_at])
+        elif not past_a_miss:
+            break
+    return blocks
+
+
+def _sizes_it_matches(make: Callable) -> list[int]:
+    """The block sizes at which the learner's ``match_prefix(size, tokens)`` finds a
+    two-block prefix cached at that size, each on a fresh pool. Right, it finds them all; a
+    match that walks a size of its own finds only that one."""
+    sizes = []
+    for size in PROBE_SIZES:
+        tokens = list(range(1, 2 * size + 2))
+        pool = make(NUM_BLOCKS)
+        try:
+            blocks = list(call("allocate", pool.allocate, 2))
+            parent = ROOT_HASH
+            for index, block in enumerate(blocks):
+                parent = hash_block_tokens(parent, tokens[index * size : (index + 1) * size])
+                call("cache", pool.cache, block, parent)
+            found, _ = call("match_prefix", pool.match_prefix, size, tokens)
+        except (LearnerError, CacheFullError):
+            continue
+        if list(found) == blocks:
+            sizes.append(size)
+    return sizes
+
+
+def _or(values: list[int]) -> str:
+    return ", ".join(map(str, values[:-1])) + " or " * (len(values) > 1) + str(values[-1])
+
+
+# ---- what a learner's free queue, ref_cnt and cache got wrong -----------------------------
+
+
+def _queue_failure(pool, ref_pool: BlockPool, step: Step):
+    mine, theirs = list(pool.free_queue), ref_pool.free_block_ids()
+    if mine == theirs:
+        return None
+    detail = f"after {step.where}: free_queue is {mine}, expected {theirs}"
+    return "lru", detail, _wrong_queue(pool, ref_pool, step)
+
+
+def _wrong_queue(pool, ref_pool: BlockPool, step: Step) -> str:
+    mine, theirs = list(pool.free_queue), ref_pool.free_block_ids()
+    extra, missing = set(mine) - set(theirs), set(theirs) - set(mine)
+    if extra & set(step.adopted):
+        return "a prefix hit on a free block takes it out of free_queue (it is held again)"
+    if extra & set(step.taken):
+        return "allocate takes the blocks it hands out from the front of free_queue"
+    if any(pool.ref_cnt[b] == 0 < ref_pool.ref_cnt[b] for b in extra):
         return (
-            "ref_cnt",
-            f"after {where}: block {b} has ref_cnt {pool.ref_cnt[b]}, expected "
-            f"{ref_pool.ref_cnt[b]}",
-            "a prefix hit adds a holder (take_cached: ref_cnt "
-            "+ 1), free takes one away, allocate sets 1",
+            "free takes one holder away (ref_cnt - 1); a block goes back to free_queue when "
+            "its ref_cnt reaches 0, not while another sequence still holds it"
         )
+    if extra or missing:
+        return ""
+    for block in step.freed:
+        if block in theirs and mine.index(block) != theirs.index(block):
+            if ref_pool.block_hash[block] is None:
+                return (
+                    "free puts a block without a hash at the front of free_queue, so it is "
+                    "reused first (the blocks of one call in their order); only a hashed "
+                    "block goes to the back"
+                )
+            return (
+                "free puts a block with a hash at the back of free_queue: cached blocks are "
+                "evicted least recently used first, after every plain block"
+            )
+    return ""
+
+
+def _ref_cnt_failure(pool, ref_pool: BlockPool, step: Step):
+    if list(pool.ref_cnt) == ref_pool.ref_cnt:
+        return None
+    b = next(i for i, n in enumerate(ref_pool.ref_cnt) if pool.ref_cnt[i] != n)
+    mine, theirs = pool.ref_cnt[b], ref_pool.ref_cnt[b]
+    detail = f"after {step.where}: block {b} has ref_cnt {mine}, expected {theirs}"
+    if b in step.adopted:
+        why = (
+            "a prefix hit adds a holder: take_cached does ref_cnt + 1, also on a block "
+            "another sequence holds"
+            if mine < theirs
+            else "a prefix hit adds one holder: take_cached does ref_cnt + 1 once, and "
+            "match_prefix changes nothing"
+        )
+    elif b in step.taken:
+        why = "allocate sets ref_cnt 1 on each block it hands out"
+    elif b in step.freed:
+        why = "free takes one holder from each block it is given: ref_cnt - 1"
+    else:
+        why = ""
+    return "ref_cnt", detail, why
+
+
+def _cache_failure(pool, ref_pool: BlockPool, step: Step):
     empty = _empty_hashes(pool)
     if empty:
-        detail = f"after {where}: cached[{empty[0]}] is an empty list, its last block reused"
+        detail = f"after {step.where}: cached[{empty[0]}] is an empty list, its last block reused"
         return "cache", detail, EMPTY_HASH
-    mine_cached = {h: list(blocks) for h, blocks in pool.cached.items() if blocks}
-    if mine_cached != _cached(ref_pool) or list(pool.block_hash) != ref_pool.block_hash:
+    mine = {h: list(blocks) for h, blocks in pool.cached.items() if blocks}
+    theirs = _cached(ref_pool)
+    if mine == theirs and list(pool.block_hash) == ref_pool.block_hash:
+        return None
+    mine_ids, their_ids = _cached_ids(mine), _cached_ids(theirs)
+    if mine_ids != their_ids:
+        detail = f"after {step.where}: cached blocks {mine_ids}, expected {their_ids}"
+        return "cache", detail, _wrong_cached_blocks(mine, ref_pool, step)
+    for h, blocks in theirs.items():
+        if mine.get(h) != blocks and sorted(mine.get(h, ())) == sorted(blocks):
+            detail = (
+                f"after {step.where}: blocks {blocks} carry one hash; cached lists them "
+                f"{mine[h]}, expected {blocks}"
+            )
+            return "cache", detail, COPIES_IN_ORDER
+    b = next((i for i, h in enumerate(ref_pool.block_hash) if pool.block_hash[i] != h), None)
+    if b is None:
+        return "cache", f"after {step.where}: cached lists a block under another hash", ""
+    if pool.block_hash[b] is None:
+        detail = f"after {step.where}: block_hash[{b}] is None, expected its hash (cached lists it)"
+        return "cache", detail, "cache sets block_hash[block_id] as well as cached[block_hash]"
+    detail = (
+        f"after {step.where}: block_hash[{b}] is {pool.block_hash[b]}, "
+        f"expected {ref_pool.block_hash[b]}"
+    )
+    why = EVICTS if b in step.taken and ref_pool.block_hash[b] is None else ""
+    return "cache", detail, why
+
+
+def _wrong_cached_blocks(mine: dict[int, list[int]], ref_pool: BlockPool, step: Step) -> str:
+    """What a learner's cached got wrong, when it lists other blocks than kvlab's."""
+    mine_ids, their_ids = set(_cached_ids(mine)), set(_cached_ids(_cached(ref_pool)))
+    for block in their_ids - mine_ids:
+        h = ref_pool.block_hash[block]
+        if len(ref_pool.cached_blocks(h)) > 1 and mine.get(h):
+            return (
+                "a block whose hash another block already has is hashed too, after it in "
+                "cached[hash]: each sequence keeps the blocks it computed, and a lookup still "
+                "finds a copy when the first is evicted"
+            )
+    if (their_ids - mine_ids) & set(step.freed):
         return (
-            "cache",
-            f"after {where}: cached blocks {_cached_ids(mine_cached)}, "
-            f"expected {_cached_ids(_cached(ref_pool))}",
-            _wrong_cache(mine_cached, pool, ref_pool),
+            "free keeps a block's hash: a free, cached block still serves hits until "
+            "allocate hands it out again"
         )
-    return None
+    if (mine_ids - their_ids) & set(step.taken):
+        return EVICTS
+    return ""
 
 
 def _empty_hashes(pool) -> list[int]:
     """The hashes a learner's ``cached`` still lists with no block left."""
     return [h for h, blocks in pool.cached.items() if not blocks]
-
-
-def _wrong_match(mine, ref, op) -> str:
-    """What a learner's prefix match most likely got wrong, for the prompt of ``op``
-    (asked before the operation runs; a match changes nothing)."""
-    ids = list(op[2])
-    try:
-        blocks, _ = mine.pool.learner.match_prefix(BLOCK_SIZE, ids)
-    except Exception:  # noqa: BLE001 - reported by the operation itself
-        return ""
-    expected, _ = ref.pool.match_prefix(BLOCK_SIZE, ids)
-    if list(blocks) == expected:
-        return ""
-    if len(blocks) * BLOCK_SIZE >= len(ids):
-        return (
-            "stop one token short: the block holding the prompt's last token is always "
-            "computed, because its logits pick the first output token"
-        )
-    hashes = ref.pool.block_hash
-    if len(blocks) == len(expected) and [hashes[b] for b in blocks] == [
-        hashes[b] for b in expected
-    ]:
-        return (
-            "a hash with several cached copies: take the first one cached, cached[hash][0], "
-            "the copy kvlab's lookup finds"
-        )
-    if len(blocks) <= len(expected):
-        return (
-            "chain the hashes: each block's hash is hash_block_tokens(the previous "
-            "block's hash, its tokens), from ROOT_HASH, so it stands for the whole prefix: "
-            "equal tokens after a different prefix are a different block"
-        )
-    return "stop at the first block the cache lacks: a prefix has no gaps"
-
-
-def _wrong_queue(pool, ref_pool) -> str:
-    mine, theirs = list(pool.free_queue), ref_pool.free_block_ids()
-    if sorted(mine) == sorted(theirs):
-        return (
-            "allocate takes from the front of free_queue; free puts a block without a hash "
-            "at the front (plain blocks are reused first, the blocks of one call in their "
-            "order) and a cached block at the back (cached blocks are evicted least recently "
-            "used first)"
-        )
-    if set(mine) > set(theirs):
-        return "a prefix hit on a free block takes it out of free_queue (it is held again)"
-    return "a block joins free_queue when its ref_cnt reaches 0, and only then"
 
 
 def _cached(pool: BlockPool) -> dict[int, list[int]]:
@@ -206,34 +396,16 @@ def _cached_ids(cached: dict[int, list[int]]) -> list[int]:
     return sorted(block for blocks in cached.values() for block in blocks)
 
 
-def _wrong_cache(mine_cached, pool, ref_pool) -> str:
-    mine, theirs = set(_cached_ids(mine_cached)), set(_cached_ids(_cached(ref_pool)))
-    if theirs - mine:
-        for block in theirs - mine:
-            h = ref_pool.block_hash[block]
-            if len(ref_pool.cached_blocks(h)) > 1 and mine_cached.get(h):
-                return (
-                    "a block whose hash another block already has is hashed too, after it "
-                    "in cached[hash]: each sequence keeps the blocks it computed, and a lookup "
-                    "still finds a copy when the first is evicted"
-                )
-        return (
-            "free keeps a block's hash: a free, cached block still serves hits until "
-            "allocate hands it out again"
-        )
-    if mine - theirs:
-        return (
-            "allocate evicts: a cached block it hands out loses its hash (from cached and "
-            "block_hash; a hash with no block left leaves cached)"
-        )
-    return (
-        "block_hash[block] and cached[hash] must say the same thing, and cached[hash] lists "
-        "a hash's blocks in the order they were hashed"
-    )
-
-
 def check_refusal(make: Callable) -> tuple[str, str, str] | None:
-    """allocate asked for more blocks than are free raises CacheFullError, changing nothing."""
+    """allocate hands out exactly as many blocks as are free, and asked for more raises
+    CacheFullError, changing nothing."""
+    try:
+        call("allocate", make(NUM_BLOCKS).allocate, NUM_BLOCKS)
+    except CacheFullError:
+        detail = f"allocate({NUM_BLOCKS}) on a fresh pool of {NUM_BLOCKS} raised CacheFullError"
+        return "refuses", detail, EXACT_FIT
+    except LearnerError as error:
+        return "refuses", f"allocate({NUM_BLOCKS}) on a fresh pool of {NUM_BLOCKS}: {error}", ""
     pool = make(NUM_BLOCKS)
     before = copy.deepcopy((pool.ref_cnt, pool.block_hash, list(pool.free_queue), pool.cached))
     try:
@@ -260,6 +432,29 @@ def check_refusal(make: Callable) -> tuple[str, str, str] | None:
     )
 
 
+def check_rehash(make: Callable) -> tuple[str, str, str] | None:
+    """cache on a block that already has a hash leaves the pool as it is (kvlab's block
+    manager hashes each block once, so the random requests never ask)."""
+    pool = make(4)
+    h = hash_block_tokens(ROOT_HASH, [1, 2])
+    try:
+        block = list(call("allocate", pool.allocate, 1))[0]
+        call("cache", pool.cache, block, h)
+        once = copy.deepcopy((list(pool.block_hash), pool.cached))
+        call("cache", pool.cache, block, h)
+    except (LearnerError, CacheFullError) as error:
+        return "cache", f"caching block 0 twice under one hash: {error}", ""
+    if (list(pool.block_hash), pool.cached) == once:
+        return None
+    return (
+        "cache",
+        f"on a pool of 4, allocate(1) returned [{block}]; cache({block}, h) made cached[h] "
+        f"{once[1].get(h)}, and a second cache({block}, h) made it {pool.cached.get(h)}",
+        "cache leaves a block that already has a hash as it is (check block_hash[block_id] "
+        "first): listed twice, it stays in cached[hash] after allocate evicts it",
+    )
+
+
 def check_gap(make: Callable) -> tuple[str, str, str] | None:
     """A prompt whose first block was evicted while its second is still cached matches
     nothing: a prefix has no gaps (kvlab's eviction order makes this rare in the random
@@ -275,14 +470,15 @@ def check_gap(make: Callable) -> tuple[str, str, str] | None:
         call("free", pool.free, [b0])  # cached: behind the two never used
         call("allocate", pool.allocate, 3)  # the two never used, then b0: evicted
         blocks, _ = call("match_prefix", pool.match_prefix, 2, tokens)
-    except (LearnerError, CacheFullError) as error:
+    except CacheFullError as error:
+        detail = (
+            f"evicting a prompt's first block, allocate refused though enough were free: {error}"
+        )
+        return "refuses", detail, EXACT_FIT
+    except LearnerError as error:
         if _empty_hashes(pool):
             return "cache", f"evicting a prompt's first block: {error}", EMPTY_HASH
-        return (
-            "match_prefix",
-            f"evicting a prompt's first block: {error}",
-            "a bug in the method it names",
-        )
+        return _CRITERION_OF[error.method], f"evicting a prompt's first block: {error}", ""
     if list(blocks):
         return (
             "match_prefix",
@@ -301,8 +497,10 @@ def check_plain_order(make: Callable) -> tuple[str, str, str] | None:
     try:
         blocks = list(call("allocate", pool.allocate, 3))
         call("free", pool.free, blocks)
-    except (LearnerError, CacheFullError) as error:
-        return "lru", f"freeing three plain blocks: {error}", "a bug in the method it names"
+    except CacheFullError as error:
+        return "refuses", f"allocate(3) on a pool of 4 free blocks raised {error!r}", ""
+    except LearnerError as error:
+        return _CRITERION_OF[error.method], f"freeing three plain blocks: {error}", ""
     expected = blocks + [b for b in range(4) if b not in blocks]
     if list(pool.free_queue) != expected:
         return (
@@ -373,4 +571,4 @@ def shrink(make: Callable, ops: list[Op], criterion: str) -> list[Op]:
 
 
 # Fixed cases the random requests rarely reach; the check and its replay both run them.
-PROBES = (check_gap, check_plain_order, check_refusal)
+PROBES = (check_gap, check_plain_order, check_rehash, check_refusal)
