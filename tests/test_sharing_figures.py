@@ -10,8 +10,9 @@ import pytest
 
 from kvlab import LLM, SamplingParams
 from kvlab.cache.block_pool import BlockPool
-from kvlab.engine.metrics import ManualClock, RunMetrics, StepStats
+from kvlab.engine.metrics import ManualClock, RunMetrics
 from kvlab.engine.step_cost import Roofline
+from kvlab.engine.step_stats import StepStats
 from kvlab.measure.step_cost import PreemptionCost, preemption_costs
 from kvlab.memory import preset
 from kvlab.widgets import StepView

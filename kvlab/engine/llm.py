@@ -33,11 +33,11 @@ from kvlab.engine.kv_cache_setup import (
     num_blocks_for,
 )
 from kvlab.engine.llm_engine import LLMEngine
-from kvlab.engine.metrics import StepStats
 from kvlab.engine.outputs import RequestOutput
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.step_stats import StepStats
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner
 

@@ -38,9 +38,9 @@ from typing import TypeVar
 
 import torch
 
-from kvlab.engine.metrics import StepStats
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.step_cost import LinearCost
+from kvlab.engine.step_stats import StepStats
 from kvlab.measure.hf_baselines import generate_batch
 from kvlab.measure.vllm_runner import run_vllm, vllm_python
 from kvlab.measure.workload import Result, Workload

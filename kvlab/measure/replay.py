@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.engine.metrics import ManualClock, RunMetrics, StepStats
+from kvlab.engine.metrics import ManualClock, RunMetrics
 from kvlab.engine.outputs import RequestOutput
 from kvlab.engine.sampling_params import SamplingParams
+from kvlab.engine.step_stats import StepStats
 from kvlab.sim.trace import Trace
 
 STATES = ("waiting", "prefill", "decode", "swapped")

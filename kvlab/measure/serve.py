@@ -28,9 +28,10 @@ import torch
 from kvlab.cache.base import KVCache, PooledKVCache
 from kvlab.cache.step import ForwardBatch
 from kvlab.engine.llm_engine import LLMEngine
-from kvlab.engine.metrics import ManualClock, StepStats
+from kvlab.engine.metrics import ManualClock
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler_config import SchedulerConfig
+from kvlab.engine.step_stats import StepStats
 from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]

@@ -45,7 +45,8 @@ from plotly.subplots import make_subplots
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.paged import PagedKVCache
-from kvlab.engine.metrics import RunMetrics, StepStats
+from kvlab.engine.metrics import RunMetrics
+from kvlab.engine.step_stats import StepStats
 from kvlab.measure.step_cost import PreemptionCost
 from kvlab.widgets.batching_figures import STATE_COLORS
 from kvlab.widgets.step_view import PoolSnapshot, StepView
