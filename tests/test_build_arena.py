@@ -134,6 +134,100 @@ class HolesAsLists(Right):
         return [list(h) for h in super().holes()]
 
 
+class HolesOutOfOrder(Right):
+    """Keeps merged free runs in a list and reserves from them in address order, but
+    holes() lists them as they were appended (a freed run goes to the end)."""
+
+    def __init__(self, num_slots):
+        super().__init__(num_slots)
+        self.free_runs = [(0, num_slots)]
+
+    def holes(self):
+        return list(self.free_runs)
+
+    def reserve(self, seq_id, num_slots):
+        for start, length in sorted(self.free_runs):
+            if length >= num_slots:
+                self.free_runs.remove((start, length))
+                if length > num_slots:
+                    self.free_runs.append((start + num_slots, length - num_slots))
+                self.ranges[seq_id] = (start, num_slots)
+                return start
+        raise CacheFullError("full")
+
+    def free(self, seq_id):
+        start, length = self.ranges.pop(seq_id)
+        end = start + length
+        for run in list(self.free_runs):
+            if sum(run) == start:
+                self.free_runs.remove(run)
+                start, length = run[0], length + run[1]
+            elif run[0] == end:
+                self.free_runs.remove(run)
+                length += run[1]
+        self.free_runs.append((start, length))
+
+
+class HolesAsStartEnd(Right):
+    """holes() lists (start, end) pairs; reserve reads them as such, so it places right."""
+
+    def holes(self):
+        return [(start, start + length) for start, length in super().holes()]
+
+    def reserve(self, seq_id, num_slots):
+        for start, end in self.holes():
+            if end - start >= num_slots:
+                self.ranges[seq_id] = (start, num_slots)
+                return start
+        raise CacheFullError("full")
+
+
+class NextFit(Right):
+    """Next-fit, already with >=: the search goes on from where the last range ended."""
+
+    def __init__(self, num_slots):
+        super().__init__(num_slots)
+        self.cursor = 0
+
+    def reserve(self, seq_id, num_slots):
+        holes = self.holes()
+        later = [h for h in holes if h[0] >= self.cursor] + [h for h in holes if h[0] < self.cursor]
+        for start, length in later:
+            if length >= num_slots:
+                self.ranges[seq_id] = (start, num_slots)
+                self.cursor = start + num_slots
+                return start
+        raise CacheFullError("full")
+
+
+class FromTheTop(Right):
+    """Places a range at the end of the first hole that fits, not at its start: nothing in
+    what the check sees says why, so it names no misconception."""
+
+    def reserve(self, seq_id, num_slots):
+        for start, length in self.holes():
+            if length >= num_slots:
+                self.ranges[seq_id] = (start + length - num_slots, num_slots)
+                return start + length - num_slots
+        raise CacheFullError("full")
+
+
+class StrictlyLongerTailTwice(StrictlyLonger):
+    """StrictlyLonger's reserve over the right holes, and a holes() that lists the tail
+    twice: it places exactly as StrictlyLonger does."""
+
+    def holes(self):
+        holes = super().holes()
+        return holes + holes[-1:]
+
+    def reserve(self, seq_id, num_slots):
+        for start, length in Right.holes(self):
+            if length > num_slots:
+                self.ranges[seq_id] = (start, num_slots)
+                return start
+        raise CacheFullError("full")
+
+
 class Overlapping(Right):
     """Forgets the ranges it handed out: every reservation starts at slot 0."""
 
@@ -179,27 +273,76 @@ def test_the_untouched_stub_scores_zero_and_says_what_to_write(tiny_model):
     assert "holes() is not written yet" in text and "hint_arena(1)" in text
 
 
+PLANTED = [
+    (
+        BestFit,
+        "first_fit",
+        "this is best-fit (the smallest hole that fits); first-fit takes the first one",
+    ),
+    (StrictlyLonger, "first_fit", "a hole that is exactly num_slots long fits (>=, not >)"),
+    (  # not ">=, not >": it already uses >=
+        NextFit,
+        "first_fit",
+        "this is next-fit (the search goes on from where the last range ended); "
+        "first-fit starts at slot 0 every time",
+    ),
+    (ReturnsEnd, "first_fit", "reserve returns the start of the range, not its end"),
+    (NoReturn, "first_fit", "reserve must return the start of the range it placed"),
+    (FromTheTop, "first_fit", ""),
+    (
+        WrongError,
+        "refuses",
+        "a reserve that finds no room raises CacheFullError (imported in cell 1)",
+    ),
+    (
+        RecordsBeforeChecking,
+        "refusal_changes_nothing",
+        "check the room first, then record the range",
+    ),
+    # These reserves place as their own holes() says: the bug is in holes().
+    (
+        NoMerge,
+        "holes",
+        "two free runs side by side are one hole: merge a freed range with its neighbours",
+    ),
+    (NoTail, "holes", "the tail after the last range is a hole too"),
+    (
+        Overlapping,
+        "holes",
+        "the range reserve placed is no longer free: record it, and holes() leaves it out",
+    ),
+    (HolesOutOfOrder, "holes", "holes() must be in address order"),
+    (HolesAsStartEnd, "holes", "a hole is (start, length), not (start, end)"),
+]
+
+
 @pytest.mark.parametrize(
-    "arena_class, criterion, words",
-    [
-        (BestFit, "first_fit", "best-fit"),
-        (StrictlyLonger, "first_fit", "exactly num_slots long fits"),
-        (RecordsBeforeChecking, "refusal_changes_nothing", "check the room first"),
-        (NoMerge, "holes", "merge a freed range with its neighbours"),
-        (Overlapping, "holes", ""),
-        (NoTail, "holes", "the tail after the last range is a hole too"),
-        (ReturnsEnd, "first_fit", "the start of the range, not its end"),
-        (NoReturn, "first_fit", "must return the start"),
-        (WrongError, "refuses", "raises CacheFullError"),
-    ],
+    ("arena_class", "criterion", "misconception"), PLANTED, ids=[p[0].__name__ for p in PLANTED]
 )
-def test_each_planted_defect_is_caught_by_its_criterion(tiny_model, arena_class, criterion, words):
+def test_each_planted_defect_fails_its_criterion_and_names_its_misconception(
+    tiny_model, arena_class, criterion, misconception
+):
     report = grade(arena_class, tiny_model)
     failed = [v for v in report.verdicts if not v.passed]
-    assert failed and failed[0].criterion == criterion, repr(report)
-    assert words in failed[0].misconception
+    assert [v.criterion for v in failed] == [criterion], repr(report)
+    assert failed[0].misconception == misconception, repr(report)
     assert "shortest case:" in failed[0].detail
     assert not report.passed
+
+
+def test_the_same_reserve_gets_the_same_verdict_whatever_holes_returns(tiny_model):
+    # Both place with ">" (a hole of exactly num_slots is refused); one also lists the tail
+    # twice in holes(). That wrong holes() must not hide the reserve's bug behind a tick.
+    for arena_class in (StrictlyLonger, StrictlyLongerTailTwice):
+        report = grade(arena_class, tiny_model)
+        verdicts = {v.criterion: v.passed for v in report.verdicts}
+        assert verdicts["first_fit"] is False, repr(report)
+
+
+def test_a_criterion_after_the_first_failure_is_not_ticked(tiny_model):
+    report = grade(StrictlyLonger, tiny_model)  # its reserve breaks "refuses" too
+    assert [v.criterion for v in report.verdicts] == ["written", "first_fit"]
+    assert "refuses" not in {v.criterion for v in report.verdicts if v.passed}
 
 
 def test_a_failure_is_shrunk_to_a_few_operations(tiny_model):
@@ -218,8 +361,10 @@ def test_the_generation_criterion_fails_when_ranges_overlap(tiny_model):
 
 def test_hints_come_in_steps_and_the_reference_is_kvlabs_own():
     assert "sorted" in hint_arena(1)
-    assert "cursor" in hint_arena(2)
-    assert "first with length >= num_slots" in hint_arena(3)
+    assert "cursor" in hint_arena(2) and "cursor" not in hint_arena(1)
+    steps = hint_arena(3).splitlines()[1:]
+    assert [line[:2] for line in steps if line[0].isdigit()] == ["1.", "2.", "3.", "4.", "5."]
+    assert "length >= num_slots" in hint_arena(3) and "length >= num_slots" not in hint_arena(2)
     with pytest.raises(ValueError, match="level=4 is not allowed"):
         hint_arena(4)
     assert "def reserve" in reveal_arena() and "def holes" in reveal_arena()

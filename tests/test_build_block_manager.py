@@ -192,21 +192,141 @@ class RaisesValueError(Right):
             raise ValueError("no room") from None
 
 
+class ForkForgetsRefCnt(Right):
+    """The child gets the parent's blocks and count, but their ref_cnt stays as it was."""
+
+    def fork(self, parent_seq_id, child_seq_id):
+        self.block_tables[child_seq_id] = list(self.block_tables[parent_seq_id])
+        self.num_tokens[child_seq_id] = self.num_tokens[parent_seq_id]
+
+
+class CopyKeepsTheSourceCount(Right):
+    """Copy-on-write that moves the sequence to a fresh block but leaves the shared block's
+    ref_cnt as it was."""
+
+    def allocate_slots(self, seq_id, num_new_tokens):
+        table = self.block_tables.get(seq_id, [])
+        held = self.num_tokens.get(seq_id, 0)
+        copy = self._needs_copy(table, held)
+        new = -(-(held + num_new_tokens) // self.block_size) - len(table)
+        if new + copy > len(self.free_blocks):
+            raise CacheFullError("full")
+        copies = []
+        if copy:
+            fresh = self._take()
+            copies.append((table[-1], fresh))
+            table[-1] = fresh
+        table.extend(self._take() for _ in range(new))
+        self.block_tables[seq_id] = table
+        self.num_tokens[seq_id] = held + num_new_tokens
+        return copies
+
+
+class ForkForgetsTheCount(Right):
+    """The child shares the blocks but gets no token count: the free after the fork in the
+    first criterion's calls finds none."""
+
+    def fork(self, parent_seq_id, child_seq_id):
+        table = self.block_tables[parent_seq_id]
+        for block in table:
+            self.ref_cnt[block] += 1
+        self.block_tables[child_seq_id] = list(table)
+
+
+class ForkForgetsTheCountFreeCopes(ForkForgetsTheCount):
+    """The same fork, with a free that does not mind a missing count: caught at the fork."""
+
+    def free(self, seq_id):
+        for block in self.block_tables.pop(seq_id):
+            self._release(block)
+        self.num_tokens.pop(seq_id, None)
+
+
+class ForkPopsTheCount(Right):
+    """The child takes the count away from its parent (pop for get): nothing the check
+    sees says why, so it names no misconception."""
+
+    def fork(self, parent_seq_id, child_seq_id):
+        table = self.block_tables[parent_seq_id]
+        for block in table:
+            self.ref_cnt[block] += 1
+        self.block_tables[child_seq_id] = list(table)
+        self.num_tokens[child_seq_id] = self.num_tokens.pop(parent_seq_id)
+
+
+NEW_BLOCK_WHEN_FULL = "a sequence takes a new block only when its last one is full"
 PLANTED = [
-    (BlockPerCall, "grows"),
-    (OnlyNewTokensCounted, "grows"),
-    (SlotIsPosition, "slot_mapping"),
-    (FreeIgnoresRefCnt, "ref_cnt"),
-    (MissedDecrement, "ref_cnt"),
-    (DoubleFree, "ref_cnt"),
-    (FreeForgetsOnlyTheTable, "grows"),
-    (ForkSharesTheList, "fork"),
-    (ForkCopiesBlocks, "fork"),
-    (NoCopyOnWrite, "copy_on_write"),
-    (CopiesFullBlocks, "copy_on_write"),
-    (RefusesWhenExactlyEnough, "refuses"),
-    (TakesThenChecks, "refusal_changes_nothing"),
-    (RaisesValueError, "grows"),
+    (BlockPerCall, "grows", NEW_BLOCK_WHEN_FULL),
+    (OnlyNewTokensCounted, "grows", NEW_BLOCK_WHEN_FULL),
+    (
+        FreeForgetsOnlyTheTable,
+        "grows",
+        "free must forget the whole sequence (its block table and its num_tokens): an id "
+        "used again after free starts from nothing",
+    ),
+    (
+        SlotIsPosition,
+        "slot_mapping",
+        "a position's slot goes through the block table: slot = block_table[pos // "
+        "block_size] * block_size + pos % block_size",
+    ),
+    (
+        FreeIgnoresRefCnt,
+        "ref_cnt",
+        "free must give back only blocks nobody else holds: subtract 1 from ref_cnt, and "
+        "free the block at 0",
+    ),
+    (
+        MissedDecrement,
+        "ref_cnt",
+        "free subtracts 1 from the ref_cnt of every block of the sequence, shared or not",
+    ),
+    (
+        DoubleFree,
+        "ref_cnt",
+        "copy-on-write gave the shared block back while another sequence holds it: it goes "
+        "back only at ref_cnt 0",
+    ),
+    (ForkForgetsRefCnt, "ref_cnt", "fork adds 1 to the ref_cnt of every block the child shares"),
+    (
+        CopyKeepsTheSourceCount,
+        "ref_cnt",
+        "copy-on-write moves the sequence off the shared block: subtract 1 from its ref_cnt",
+    ),
+    (
+        ForkSharesTheList,
+        "fork",
+        "give the child a copy of the list: when one of them grows, the other must not",
+    ),
+    (ForkCopiesBlocks, "fork", "the child starts with every block of its parent, in order"),
+    (ForkForgetsTheCountFreeCopes, "fork", "the child holds its parent's tokens (num_tokens too)"),
+    (ForkPopsTheCount, "fork", ""),
+    (
+        NoCopyOnWrite,
+        "copy_on_write",
+        "before writing into a partly filled block that another sequence holds, take a fresh "
+        "block, copy into it (return (old, new)) and put it in the table",
+    ),
+    (
+        CopiesFullBlocks,
+        "copy_on_write",
+        "a full shared last block needs no copy: the new tokens go into new blocks",
+    ),
+    (
+        RefusesWhenExactlyEnough,
+        "refuses",
+        "a call that needs as many blocks as are free (1) fits: >, not >=",
+    ),
+    (
+        RaisesValueError,
+        "refuses",
+        "when too few blocks are free, raise CacheFullError (imported in cell 1)",
+    ),
+    (
+        TakesThenChecks,
+        "refusal_changes_nothing",
+        "check that the blocks are there first, then take them",
+    ),
 ]
 
 
@@ -227,13 +347,31 @@ def test_the_stub_scores_nothing():
     assert "allocate_slots() is not written yet" in verdicts(report)["written"].detail
 
 
-@pytest.mark.parametrize(("planted", "criterion"), PLANTED, ids=lambda x: getattr(x, "__name__", x))
-def test_each_planted_defect_fails_its_criterion(planted, criterion):
+@pytest.mark.parametrize(
+    ("planted", "criterion", "misconception"), PLANTED, ids=[p[0].__name__ for p in PLANTED]
+)
+def test_each_planted_defect_fails_its_criterion_and_names_its_misconception(
+    planted, criterion, misconception
+):
     report = check_block_manager(planted, num_sequences=200)
     failed = [v for v in report.verdicts if not v.passed]
     assert [v.criterion for v in failed] == [criterion], repr(report)
-    assert failed[0].misconception and "shortest case" in failed[0].detail
+    assert failed[0].misconception == misconception, repr(report)
+    assert "shortest case" in failed[0].detail
     assert not report.passed
+
+
+def test_a_fork_without_the_childs_count_is_shown_after_the_calls_before_it():
+    report = check_block_manager(ForkForgetsTheCount)
+    (failed,) = [v for v in report.verdicts if not v.passed]
+    assert failed.criterion == "written"
+    assert failed.detail == (
+        "free(1) raised KeyError: 1 (on a fresh manager, after allocate_slots(0, 5); "
+        "slot_mapping(0, 0, 5); fork(0, 1))"
+    )
+    assert failed.misconception == (
+        "fork gives the child its parent's token count too: num_tokens[child] = num_tokens[parent]"
+    )
 
 
 def test_a_right_manager_passes_every_property(monkeypatch):
@@ -272,7 +410,10 @@ def test_the_cache_refuses_a_manager_of_another_shape():
 
 
 def test_help_comes_in_steps():
-    assert hint_block_manager(1) != hint_block_manager(3)
+    assert "fork" not in hint_block_manager(1)
+    assert "the parent's token count" in hint_block_manager(2)  # a forked child needs it
+    steps = [line[:2] for line in hint_block_manager(3).splitlines() if line[:1].isdigit()]
+    assert steps == ["1.", "2.", "3.", "4.", "5.", "6.", "7."]
     with pytest.raises(ValueError, match="level=4 is not allowed: use 1 to 3"):
         hint_block_manager(4)
     assert "def _copy_last_block" in reveal_block_manager()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvlab.cache.contiguous_arena import ContiguousArena
 from kvlab.cache.manager import CacheFullError
@@ -24,89 +25,142 @@ Op = tuple  # ("reserve", seq_id, num_slots) or ("free", seq_id)
 
 
 class _LearnerError(Exception):
-    """The learner's method raised something other than CacheFullError."""
+    """The learner's method raised something other than CacheFullError; ``method`` names it."""
+
+    def __init__(self, method: str, message: str):
+        super().__init__(message)
+        self.method = method
+
+
+@dataclass
+class _Seen:
+    """What the operations before the failing one showed, for naming the misconception."""
+
+    refused_before: bool = False  # kvlab's arena refused a reserve earlier in the case
+    last_end: int | None = None  # where the last range placed ends (a next-fit cursor)
+    wrong_holes: tuple | None = None  # the first holes() difference, kept while reserves run on
 
 
 def _holes(arena) -> list[tuple[int, int]]:
     try:
         return [tuple(hole) for hole in arena.holes()]
     except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        raise _LearnerError(f"holes() raised {type(error).__name__}: {error}") from error
+        raise _LearnerError("holes", f"holes() raised {type(error).__name__}: {error}") from error
 
 
 def first_difference(make_arena: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
-    """(criterion, what happened, misconception) of the first difference, or None."""
+    """(criterion, what happened, misconception) of the first difference, or None. The
+    misconception is named from the failing operation and the learner's state, or left
+    empty when nothing they show points at one.
+
+    A wrong ``holes()`` changes nothing in the arena, so it does not end the sequence: the
+    reserves after it are still compared. One that then places or refuses wrongly is a bug
+    of ``reserve`` (returned first: its criteria come first), unless it did just what
+    first-fit over the learner's own ``holes()`` does: then the bug is in ``holes()``, and
+    that difference is returned. Otherwise an arena's bug in ``reserve`` would be ticked or
+    failed depending on whether its ``holes()`` went wrong before the bug showed.
+    """
     mine, ref = make_arena(NUM_SLOTS), ContiguousArena(NUM_SLOTS)
-    refused_before = False
+    seen = _Seen()
     for index, op in enumerate(ops):
         where = f"operation {index + 1}, {show_op(op)}"
         try:
-            failure = _one_op(mine, ref, op, where, refused_before)
+            failure = _one_op(make_arena, mine, ref, op, where, seen)
+            if failure is None and seen.wrong_holes is None:
+                seen.wrong_holes = _holes_difference(mine, ref, op, where)
         except _LearnerError as error:
-            criterion = "refuses" if op[0] == "reserve" else "holes"
-            return (
-                criterion,
-                f"{where}: {error}",
-                (
-                    "a reserve that finds no room raises CacheFullError (imported in cell 1); "
-                    "any other error is a bug in the method it names"
-                ),
-            )
+            return _raised(error, op, ref, where)
         if failure is not None:
             return failure
-        refused_before |= op[0] == "reserve" and op[1] not in ref
-    return None
+        if op[0] == "reserve" and op[1] in ref:
+            placed = ref.range_of(op[1])
+            seen.last_end = placed.start + placed.num_slots
+        seen.refused_before |= op[0] == "reserve" and op[1] not in ref
+    return seen.wrong_holes
 
 
-def _one_op(mine, ref, op: Op, where: str, refused_before: bool):
-    """Run ``op`` on both arenas; the difference it shows, or None."""
+def _raised(error: _LearnerError, op: Op, ref, where: str) -> tuple[str, str, str]:
+    """The verdict on a learner's method that raised: a reserve that should have been
+    refused names the error to raise; any other error is a bug the message shows."""
+    if error.method != "reserve":
+        return "holes", f"{where}: {error}", ""
+    why = ""
+    if op[1] not in ref:  # kvlab's arena refused it: no hole fits
+        why = "a reserve that finds no room raises CacheFullError (imported in cell 1)"
+    return "refuses", f"{where}: {error}", why
+
+
+def _one_op(make_arena, mine, ref, op: Op, where: str, seen: _Seen):
+    """Run ``op`` on both arenas; the difference in placement or refusal it shows, or None."""
     if op[0] == "free":
         ref.free(op[1])
         try:
             mine.free(op[1])
         except Exception as error:  # noqa: BLE001
-            raise _LearnerError(f"free() raised {type(error).__name__}: {error}") from error
-    else:
-        _, seq_id, num_slots = op
-        before = _holes(mine)
-        expected = _try(ref.reserve, seq_id, num_slots)
-        got = _try(mine.reserve, seq_id, num_slots)
-        if got is None:
-            return (
-                "first_fit",
-                f"{where}: reserve returned None",
-                ("reserve must return the start of the range it placed"),
-            )
-        if isinstance(expected, CacheFullError) != isinstance(got, CacheFullError):
-            if isinstance(expected, CacheFullError):
-                return "refuses", f"{where}: returned {got}, but no hole fits", _found_room()
-            why = (
-                "a hole that is exactly num_slots long fits (>=, not >), and the tail after "
-                "the last range is a hole too"
-            )
-            if refused_before:
-                why = "an earlier refused reserve changed your arena: a refusal must change nothing"
-            return "refuses", f"{where}: refused, but slot {expected} starts a hole that fits", why
-        if isinstance(got, CacheFullError):
-            if _holes(mine) != before:
-                return (
-                    "refusal_changes_nothing",
-                    f"{where}: holes went from {before} to {_holes(mine)}",
-                    "check the room first, then record the range",
-                )
-        elif got != expected:
-            return (
-                "first_fit",
-                f"{where}: placed at slot {got}, first-fit says {expected}",
-                _wrong_start(before, num_slots, got, expected),
-            )
-    if _holes(mine) != ref.holes():
+            message = f"free() raised {type(error).__name__}: {error}"
+            raise _LearnerError("free", message) from error
+        return None
+    _, seq_id, num_slots = op
+    before, kvlab_before = _holes(mine), ref.holes()
+    expected = _try(ref.reserve, seq_id, num_slots)
+    got = _try(mine.reserve, seq_id, num_slots)
+    if got is None:
         return (
-            "holes",
-            f"after {where}: holes() = {_holes(mine)}, expected {ref.holes()}",
-            _wrong_holes(_holes(mine), ref.holes()),
+            "first_fit",
+            f"{where}: reserve returned None",
+            "reserve must return the start of the range it placed",
+        )
+    refused = isinstance(got, CacheFullError)
+    differs = refused != isinstance(expected, CacheFullError) or (not refused and got != expected)
+    if differs and seen.wrong_holes is not None and _follows(before, num_slots, got):
+        return seen.wrong_holes  # reserve did what the learner's wrong holes() said
+    if refused != isinstance(expected, CacheFullError):
+        if not refused:
+            return (
+                "refuses",
+                f"{where}: returned {got}, but no hole fits",
+                _found_room(kvlab_before, num_slots, got),
+            )
+        why = _missed_room(make_arena, kvlab_before, before, num_slots, expected)
+        if not why and seen.refused_before:  # a change that holes() does not show
+            why = "an earlier refused reserve changed your arena: a refusal must change nothing"
+        return "refuses", f"{where}: refused, but slot {expected} starts a hole that fits", why
+    if refused and _holes(mine) != before:
+        return (
+            "refusal_changes_nothing",
+            f"{where}: holes went from {before} to {_holes(mine)}",
+            "check the room first, then record the range",
+        )
+    if differs:
+        return (
+            "first_fit",
+            f"{where}: placed at slot {got}, first-fit says {expected}",
+            _wrong_start(make_arena, kvlab_before, before, num_slots, got, expected, seen),
         )
     return None
+
+
+def _follows(holes: list, num_slots: int, got) -> bool:
+    """Whether ``got`` (a start, or a refusal) is what first-fit over ``holes``, in the
+    order listed, gives: a reserve that follows the learner's own ``holes()``."""
+    if any(len(hole) != 2 for hole in holes):
+        return False
+    starts = [start for start, n in holes if n >= num_slots]
+    if isinstance(got, CacheFullError):
+        return not starts
+    return bool(starts) and got == starts[0]
+
+
+def _holes_difference(mine, ref, op: Op, where: str):
+    """The learner's ``holes()`` against kvlab's after ``op``: the difference, or None."""
+    got, expected = _holes(mine), ref.holes()
+    if got == expected:
+        return None
+    return (
+        "holes",
+        f"after {where}: holes() = {got}, expected {expected}",
+        _wrong_holes(got, expected, op),
+    )
 
 
 def _try(method, *args):
@@ -115,38 +169,114 @@ def _try(method, *args):
     except CacheFullError as error:
         return error
     except Exception as error:  # noqa: BLE001
-        raise _LearnerError(f"reserve() raised {type(error).__name__}: {error}") from error
+        message = f"reserve() raised {type(error).__name__}: {error}"
+        raise _LearnerError("reserve", message) from error
 
 
-def _found_room() -> str:
-    return "the hole lengths are off (a range's end is start + num_slots, not +1 or -1)"
+# ---- naming the misconception from what the failing operation saw ---------------------------
+# ``holes`` are kvlab's holes before the failing reserve, ``mine`` the learner's ``holes()``
+# then: they differ only when the learner's ``holes()`` went wrong earlier in the case.
 
 
-def _wrong_start(holes: list, num_slots: int, got, expected) -> str:
+def _takes_an_exact_fit(make_arena) -> bool:
+    """Whether a fresh arena of the learner's places a range exactly as long as itself: an
+    arena that compares with ``>`` refuses it."""
+    try:
+        return make_arena(NUM_SLOTS).reserve(0, NUM_SLOTS) == 0
+    except Exception:  # noqa: BLE001 - a refusal or any error: it does not take it
+        return False
+
+
+def _found_room(holes: list, num_slots: int, got) -> str:
+    """A reserve placed a range where no hole is long enough."""
+    if not isinstance(got, int):
+        return "reserve returns the start of the range: one slot number"
+    length = dict(holes).get(got)
+    if length is not None:
+        return f"the hole at slot {got} is {length} long: a hole fits when length >= num_slots"
+    if not any(start <= got < start + n for start, n in holes):
+        return "the range was placed on slots another request holds"
+    return ""
+
+
+def _missed_room(make_arena, holes: list, mine: list, num_slots: int, expected: int) -> str:
+    """A reserve refused, though kvlab's hole at ``expected`` fits."""
+    if mine != holes:
+        return _holes_mistake(mine, holes)
+    if dict(holes)[expected] == num_slots and not _takes_an_exact_fit(make_arena):
+        return "a hole that is exactly num_slots long fits (>=, not >)"
+    return ""
+
+
+def _wrong_start(
+    make_arena, holes: list, mine: list, num_slots: int, got, expected, seen: _Seen
+) -> str:
+    """A reserve placed its range at ``got``, not at first-fit's ``expected``."""
+    if not isinstance(got, int):
+        return "reserve returns the start of the range: one slot number"
     if got == expected + num_slots:
         return "reserve returns the start of the range, not its end"
-    fitting = [(start, length) for start, length in holes if length >= num_slots]
-    if fitting and fitting[0][1] == num_slots and (got is None or got > fitting[0][0]):
-        return "a hole that is exactly num_slots long fits (>=, not >)"
-    if fitting and got == min(fitting, key=lambda h: (h[1], h[0]))[0]:
-        return "this is best-fit (the smallest hole that fits); first-fit takes the first one"
-    if not any(start <= got < start + length for start, length in holes):
+    inside = [(start, n) for start, n in holes if start <= got < start + n]
+    if not inside or got + num_slots > sum(inside[0]):
         return "the range was placed on slots another request holds"
-    return "the holes are searched in the wrong order: first-fit goes by address"
-
-
-def _wrong_holes(mine: list, expected: list) -> str:
-    if expected and sum(expected[-1]) == NUM_SLOTS and not (mine and sum(mine[-1]) == NUM_SLOTS):
-        return "the tail after the last range is a hole too"
-    if sum(n for _, n in mine) == sum(n for _, n in expected):
-        touching = any(a + n == b for (a, n), (b, _) in zip(mine, mine[1:], strict=False))
-        if touching:
+    if mine != holes:
+        return _holes_mistake(mine, holes)
+    if inside[0][0] != got:
+        return ""  # inside a hole, not at its start: nothing names why
+    fitting = [(start, n) for start, n in holes if n >= num_slots]
+    longer = [start for start, n in holes if n > num_slots]
+    exact_first = fitting[0][1] == num_slots and bool(longer) and got == longer[0]
+    if exact_first and not _takes_an_exact_fit(make_arena):
+        return "a hole that is exactly num_slots long fits (>=, not >)"
+    if got == min(fitting, key=lambda h: (h[1], h[0]))[0]:
+        return "this is best-fit (the smallest hole that fits); first-fit takes the first one"
+    if seen.last_end is not None:
+        later = [start for start, _ in fitting if start >= seen.last_end]
+        if got == (later or [fitting[0][0]])[0]:
             return (
-                "two free runs side by side are one hole: merge a freed range with its neighbours"
+                "this is next-fit (the search goes on from where the last range ended); "
+                "first-fit starts at slot 0 every time"
             )
-        if sorted(mine) != mine:
-            return "holes() must be in address order"
-    return "free did not give back exactly the slots of the range"
+    return ""
+
+
+def _wrong_holes(mine: list, expected: list, op: Op) -> str:
+    """``holes()`` differs from kvlab's after ``op``."""
+    why = _holes_mistake(mine, expected)
+    if why or any(len(hole) != 2 for hole in mine):
+        return why
+    free_mine, free_expected = sum(n for _, n in mine), sum(n for _, n in expected)
+    if op[0] == "reserve" and free_mine == free_expected + op[2]:
+        return "the range reserve placed is no longer free: record it, and holes() leaves it out"
+    if op[0] == "free" and free_mine != free_expected:
+        return "free gives back exactly the slots of the range, no more and no fewer"
+    return ""
+
+
+def _holes_mistake(mine: list, expected: list) -> str:
+    """What the learner's holes, against kvlab's, show was done wrong in ``holes()``, or ""."""
+    if any(len(hole) != 2 for hole in mine):
+        return "each hole is a pair (start, length)"
+    if sorted(mine) == expected:
+        return "holes() must be in address order"
+    if mine == [(start, start + n) for start, n in expected]:
+        return "a hole is (start, length), not (start, end)"
+    if expected and sum(expected[-1]) == NUM_SLOTS and mine == expected[:-1]:
+        return "the tail after the last range is a hole too"
+    if _merged(mine) == expected:
+        return "two free runs side by side are one hole: merge a freed range with its neighbours"
+    return ""
+
+
+def _merged(holes: list) -> list:
+    """The holes in address order, runs side by side joined into one."""
+    merged: list[tuple[int, int]] = []
+    for start, n in sorted(holes):
+        if merged and sum(merged[-1]) == start:
+            merged[-1] = (merged[-1][0], merged[-1][1] + n)
+        else:
+            merged.append((start, n))
+    return merged
 
 
 def show_op(op: Op) -> str:

@@ -61,15 +61,9 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
         where = f"operation {index + 1}, {show_op(op)}"
         reused = op[0] != "free" and _started(op) in freed
         try:
-            failure = _one_op(mine, ref, op, where) or check_invariants(mine, ref, where)
-        except LearnerError as error:
-            why = (
-                _FREE_FORGETS
-                if reused
-                else "only a pool too small for the request raises (CacheFullError, imported "
-                "in cell 1); any other error is a bug in the method it names"
-            )
-            return _CRITERION_OF[error.method], f"{where}: {error}", why
+            failure = _one_op(mine, ref, op, where) or check_invariants(mine, ref, op, where)
+        except LearnerError as error:  # a bug in the method it names: the message shows it
+            return _CRITERION_OF[error.method], f"{where}: {error}", _FREE_FORGETS if reused else ""
         if failure is not None:
             if reused and failure[0] == "grows":
                 detail = f"{failure[1]} (seq {_started(op)} was freed before)"
@@ -117,9 +111,11 @@ def _one_op(mine, ref, op: Op, where: str):
         if mine.num_tokens.get(child) != mine.num_tokens.get(parent):
             return (
                 "fork",
-                f"{where}: the child holds {mine.num_tokens.get(child)} tokens, "
-                f"its parent {mine.num_tokens.get(parent)}",
-                "the child holds its parent's tokens (num_tokens too)",
+                f"{where}: num_tokens is {mine.num_tokens.get(child, 'missing')} for the "
+                f"child, {mine.num_tokens.get(parent, 'missing')} for its parent",
+                "the child holds its parent's tokens (num_tokens too)"
+                if child not in mine.num_tokens
+                else "",
             )
         if len(mine.free_blocks) != free_before:
             return (
@@ -136,8 +132,18 @@ def _allocate(mine, ref, op: Op, where: str):
     before = _state(mine)
     old_table = list(mine.block_tables.get(seq_id, []))
     num_old = mine.num_tokens.get(seq_id, 0)
+    free_before = ref.num_free_blocks
     expected = call_learner("allocate_slots", ref.allocate_slots, seq_id, num_new)
-    got = call_learner("allocate_slots", mine.allocate_slots, seq_id, num_new)
+    try:
+        got = call_learner("allocate_slots", mine.allocate_slots, seq_id, num_new)
+    except LearnerError as error:
+        if not isinstance(expected, CacheFullError):
+            raise
+        return (
+            "refuses",
+            f"{where}: {error}, where too few blocks are free ({ref.num_free_blocks})",
+            "when too few blocks are free, raise CacheFullError (imported in cell 1)",
+        )
     if isinstance(expected, CacheFullError) != isinstance(got, CacheFullError):
         if isinstance(expected, CacheFullError):
             why = (
@@ -153,6 +159,9 @@ def _allocate(mine, ref, op: Op, where: str):
             "only the blocks the new tokens need count: ceil((num_tokens + new) / "
             "block_size) minus the blocks already held, plus one for a shared last block"
         )
+        needed = free_before - ref.num_free_blocks
+        if needed == free_before:
+            why = f"a call that needs as many blocks as are free ({needed}) fits: >, not >="
         return "refuses", f"{where}: raised CacheFullError, but there was room", why
     if isinstance(got, CacheFullError):
         if _state(mine) != before:

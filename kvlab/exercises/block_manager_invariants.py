@@ -37,77 +37,130 @@ def call_learner(name: str, method, *args):
         raise LearnerError(name, f"{name}() raised {type(error).__name__}: {error}") from error
 
 
-def check_invariants(mine, ref, where: str) -> tuple[str, str, str] | None:
+def check_invariants(mine, ref, op: tuple, where: str) -> tuple[str, str, str] | None:
     """The learner's state after an operation, against paged memory's invariants.
 
     Args:
         mine: the learner's manager.
         ref: kvlab's ``BlockManager``, after the same operations.
+        op: the operation just run: ``("allocate_slots", seq_id, n)``, ``("fork", parent,
+            child)`` or ``("free", seq_id)``. The misconception is named from it (every
+            invariant held before it), or left empty when nothing points at one.
         where: the operation, for the message.
 
     Returns:
         (criterion, what happened, misconception) of the first invariant broken, or None.
     """
-    size = ref.block_size
     if set(mine.block_tables) != set(ref.seq_ids()):
         return (
             "grows",
             f"after {where}: sequences {sorted(mine.block_tables)}, expected "
             f"{sorted(ref.seq_ids())}",
-            "allocate_slots on an unknown seq_id starts it; free forgets it",
+            _wrong_sequences(mine, op),
         )
     for seq_id, table in mine.block_tables.items():
-        num_tokens = mine.num_tokens.get(seq_id)
-        if num_tokens != ref.num_tokens(seq_id):
-            return (
-                "grows",
-                f"after {where}: seq {seq_id} holds {num_tokens} tokens, expected "
-                f"{ref.num_tokens(seq_id)}",
-                "num_tokens grows by num_new_tokens",
-            )
-        need = -(-num_tokens // size)
-        if len(table) != need:
-            why = (
-                "a sequence takes a new block only when its last one is full"
-                if len(table) > need
-                else "count the blocks for all its tokens, old and new: ceil(num_tokens / size)"
-            )
-            return (
-                "grows",
-                f"after {where}: seq {seq_id} holds {num_tokens} tokens in "
-                f"{len(table)} blocks {table}, expected {need}",
-                why,
-            )
-        failure = _check_slot_mapping(mine, seq_id, table, num_tokens, size, where)
+        failure = _check_table(mine, ref, op, seq_id, table, where)
         if failure:
             return failure
     held = Counter(b for table in mine.block_tables.values() for b in table)
     wrong = [b for b in range(ref.num_blocks) if mine.ref_cnt[b] != held[b]]
     if wrong:
         b = wrong[0]
-        why = (
-            "free must give back only blocks nobody else holds: subtract 1 from ref_cnt, "
-            "and free the block at 0"
-            if mine.ref_cnt[b] < held[b]
-            else "each table that holds a block adds 1 to its ref_cnt (fork too); free subtracts 1"
-        )
         return (
             "ref_cnt",
             f"after {where}: block {b} has ref_cnt {mine.ref_cnt[b]}, but it is in "
             f"{plural(held[b], 'block table')}",
-            why,
+            _wrong_ref_cnt(mine, op, b, held[b]),
         )
     free = list(mine.free_blocks)
     unheld = sorted(b for b in range(ref.num_blocks) if held[b] == 0)
     if sorted(free) != unheld:
-        if len(set(free)) < len(free):
-            why = "a block went back to free_blocks twice"
-        elif set(free) & set(held):
-            why = "freed a block another sequence still holds"
-        else:
-            why = "free_blocks must hold exactly the blocks with ref_cnt 0"
-        return "ref_cnt", f"after {where}: free_blocks is {sorted(free)}, expected {unheld}", why
+        return (
+            "ref_cnt",
+            f"after {where}: free_blocks is {sorted(free)}, expected {unheld}",
+            _wrong_free_blocks(mine, op, free, held),
+        )
     return None
+
+
+def _check_table(mine, ref, op: tuple, seq_id: int, table: list, where: str):
+    """One sequence's token count, block count and slot mapping."""
+    size, grown = ref.block_size, op[0] == "allocate_slots" and op[1] == seq_id
+    num_tokens = mine.num_tokens.get(seq_id)
+    if num_tokens != ref.num_tokens(seq_id):
+        return (
+            "grows",
+            f"after {where}: num_tokens[{seq_id}] is {num_tokens}, expected "
+            f"{ref.num_tokens(seq_id)}",
+            "num_tokens grows by num_new_tokens" if grown else "",
+        )
+    need = -(-num_tokens // size)
+    if len(table) != need:
+        why = ""
+        if grown:
+            why = (
+                "a sequence takes a new block only when its last one is full"
+                if len(table) > need
+                else "count the blocks for all its tokens, old and new: ceil(num_tokens / size)"
+            )
+        return (
+            "grows",
+            f"after {where}: seq {seq_id} holds {plural(num_tokens, 'token')} in "
+            f"{len(table)} blocks {table}, expected {need}",
+            why,
+        )
+    return _check_slot_mapping(mine, seq_id, table, num_tokens, size, where)
+
+
+# ---- the misconception, from the operation that broke an invariant -------------------------
+
+
+def _wrong_sequences(mine, op: tuple) -> str:
+    """The learner holds other sequences than kvlab's after ``op``."""
+    if op[0] == "free" and op[1] in mine.block_tables:
+        return "free forgets the sequence: drop its block table"
+    if op[0] == "allocate_slots" and op[1] not in mine.block_tables:
+        return "allocate_slots on an unknown seq_id starts it: store its block table"
+    return ""
+
+
+def _wrong_ref_cnt(mine, op: tuple, block: int, num_tables: int) -> str:
+    """``ref_cnt[block]`` is not the number of tables holding it after ``op``."""
+    too_low = mine.ref_cnt[block] < num_tables
+    if op[0] == "fork":
+        return "fork adds 1 to the ref_cnt of every block the child shares" if too_low else ""
+    if op[0] == "free":
+        if too_low:
+            return (
+                "free must give back only blocks nobody else holds: subtract 1 from ref_cnt, "
+                "and free the block at 0"
+            )
+        return "free subtracts 1 from the ref_cnt of every block of the sequence, shared or not"
+    in_table = block in mine.block_tables.get(op[1], ())
+    if not in_table and not too_low:  # the growing sequence let go of it: a copy-on-write
+        return "copy-on-write moves the sequence off the shared block: subtract 1 from its ref_cnt"
+    return "a block taken from free_blocks starts at ref_cnt 1" if in_table and too_low else ""
+
+
+def _wrong_free_blocks(mine, op: tuple, free: list, held: Counter) -> str:
+    """``free_blocks`` is not exactly the blocks no table holds, after ``op``."""
+    if len(set(free)) < len(free):
+        return "a block went back to free_blocks twice"
+    still_held = [b for b in free if held[b]]
+    if not still_held:
+        return (
+            "a block whose ref_cnt drops to 0 goes back to free_blocks" if op[0] == "free" else ""
+        )
+    if op[0] == "free":
+        return "freed a block another sequence still holds: it goes back only at ref_cnt 0"
+    if op[0] == "allocate_slots" and still_held[0] in mine.block_tables.get(op[1], ()):
+        return "a block the sequence takes leaves free_blocks"
+    if op[0] == "allocate_slots":
+        return (
+            "copy-on-write gave the shared block back while another sequence holds it: "
+            "it goes back only at ref_cnt 0"
+        )
+    return ""
 
 
 def _check_slot_mapping(mine, seq_id, table, num_tokens, size, where):

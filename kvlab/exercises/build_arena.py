@@ -44,6 +44,7 @@ from kvlab.exercises.grading import (
     one_torch_thread,
     show_ops,
     shrunk_failures,
+    verdicts_until_failure,
 )
 
 CRITERIA = {
@@ -56,13 +57,18 @@ CRITERIA = {
 }
 
 HINTS = (
-    "Keep the reserved ranges sorted by their start; the holes are what lies between them.",
+    "Keep the reserved ranges sorted by their start: the holes are what lies between them.",
     "holes(): walk the sorted ranges with a cursor at slot 0. A range that starts after "
     "the cursor leaves the hole (cursor, start - cursor); move the cursor to its end. "
     "After the last range, the tail (cursor, num_slots - cursor) is a hole if not empty.",
-    "reserve(): for (start, length) in holes(), the first with length >= num_slots wins. "
-    "If none, raise CacheFullError before changing anything. free(): drop the range; the "
-    "next holes() call merges the neighbours by itself.",
+    """The whole algorithm, over self.ranges (seq_id -> (start, length)):
+1. holes(): cursor = 0; for (start, length) in sorted(self.ranges.values()): if start >
+   cursor, the hole (cursor, start - cursor) is free; then cursor = start + length.
+2. After the loop, if cursor < num_slots, (cursor, num_slots - cursor) is a hole too.
+3. reserve(seq_id, num_slots): for (start, length) in holes(), the first with
+   length >= num_slots wins: self.ranges[seq_id] = (start, num_slots); return start.
+4. No hole long enough: raise CacheFullError before changing anything.
+5. free(seq_id): del self.ranges[seq_id]; the next holes() merges the neighbours itself.""",
 )
 
 
@@ -101,39 +107,37 @@ def check_arena(
         num_sequences,
         seed,
     )
-    for criterion in ("first_fit", "refuses", "refusal_changes_nothing", "holes"):
-        if criterion in failures:
-            detail, misconception = failures[criterion]
-            verdicts.append(Verdict(criterion, False, detail, misconception))
-        else:
-            verdicts.append(Verdict(criterion, True))
-    if failures:
+    # Only up to the first failure: a sequence stops at its first difference, so a later
+    # criterion that no sequence reached failing is not known to hold.
+    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
+    verdicts += graded
+    if failed:
         return _report(verdicts)
     verdicts.append(check_generation(arena_class, model, prompts))
     return _report(verdicts)
 
 
 def check_written(arena_class) -> Verdict:
-    """The first criterion: every method runs on a fresh arena."""
+    """The first criterion: every method runs on a fresh arena. A call that raises is shown
+    after the calls that came before it: the bug may be in one of those."""
+    calls = (("holes", ()), ("reserve", (0, 4)), ("holes", ()), ("free", (0,)), ("holes", ()))
     try:
         arena = arena_class(NUM_SLOTS)
-        arena.holes()
-        arena.reserve(0, 4)
-        arena.holes()
-        arena.free(0)
-        arena.holes()
-    except NotImplementedError as error:
-        return Verdict("written", False, f"{_missing_method(error)} is not written yet")
     except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        name = _missing_method(error)
-        detail = f"{name} raised {type(error).__name__}: {error} (on a fresh arena: reserve(0, 4))"
-        return Verdict("written", False, detail)
+        return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
+    done = []
+    for name, args in calls:
+        call = f"{name}({', '.join(map(str, args))})"
+        try:
+            getattr(arena, name)(*args)
+        except NotImplementedError:
+            return Verdict("written", False, f"{name}() is not written yet")
+        except Exception as error:  # noqa: BLE001
+            before = f", after {'; '.join(done)}" if done else ""
+            detail = f"{call} raised {type(error).__name__}: {error} (on a fresh arena{before})"
+            return Verdict("written", False, detail)
+        done.append(call)
     return Verdict("written", True)
-
-
-def _missing_method(error: Exception) -> str:
-    frame = inspect.trace()[-1]
-    return f"{frame.function}()"
 
 
 def check_generation(arena_class, model, prompts) -> Verdict:
@@ -228,7 +232,7 @@ class LearnerArena(ContiguousArena):
 
 
 def hint_arena(level: int = 1) -> Hint:
-    """Help in steps: 1 a nudge, 2 the holes, 3 the whole algorithm."""
+    """Help in steps: 1 a nudge, 2 the holes, 3 the whole algorithm, numbered."""
     return hint(HINTS, level)
 
 

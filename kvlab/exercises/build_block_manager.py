@@ -74,25 +74,27 @@ CRITERIA = {
     "refusal_changes_nothing": "a refused allocate_slots leaves every table and count as it was",
     "generation": "real requests (one forked) through the engine give kvlab's tokens",
 }
-STUCK = (
-    "Stuck? hint_block_manager(1), then 2 and 3; print(reveal_block_manager()) shows kvlab's own."
-)
-
 HINTS = (
     "A sequence's blocks are block_tables[seq_id]; it needs ceil(num_tokens / block_size) of "
     "them. Work out how many new blocks a call needs (and whether it must copy) before you "
     "take any: then a refusal changes nothing by construction.",
-    "Copy-on-write: if the sequence's last block is partly filled (num_tokens % block_size "
-    "!= 0) and ref_cnt[last] > 1, take a fresh block, put it in place of the last one, take "
-    "1 from ref_cnt[last], and return [(last, fresh)]. fork: copy the parent's list, add 1 "
-    "to ref_cnt of each block. free: take 1 from each block's ref_cnt; at 0 it goes back "
-    "to free_blocks.",
-    "allocate_slots(seq_id, n): table = block_tables.get(seq_id, []); held = num_tokens.get("
-    "seq_id, 0); copy = held % size and ref_cnt[table[-1]] > 1; new = ceil((held + n) / "
-    "size) - len(table); if new + copy > len(free_blocks): raise CacheFullError. Then copy "
-    "if needed, take the new blocks from free_blocks (ref_cnt = 1 each), store the table "
-    "and held + n. slot_mapping: [table[p // size] * size + p % size for p in range(start, "
-    "start + num)].",
+    "Sharing: fork copies the parent's list, adds 1 to the ref_cnt of each of its blocks, "
+    "and gives the child the parent's token count (num_tokens). free takes 1 from each "
+    "block's ref_cnt; at 0 the block goes back to free_blocks. A shared last block that is "
+    "partly filled (num_tokens % block_size != 0, ref_cnt > 1) is copied before a write.",
+    """The whole allocate_slots(seq_id, n), with size = block_size:
+1. table = block_tables.get(seq_id, []); held = num_tokens.get(seq_id, 0).
+2. copy = held % size != 0 and ref_cnt[table[-1]] > 1 (a shared, partly filled last block).
+3. new = ceil((held + n) / size) - len(table).
+4. If new + copy > len(free_blocks): raise CacheFullError, having changed nothing.
+5. If copy: take a fresh block (ref_cnt 1), take 1 from ref_cnt[table[-1]], put the fresh
+   block in its place, and remember (old, fresh) to return.
+6. Take the new blocks from free_blocks (ref_cnt 1 each); store the table and held + n;
+   return the copy's [(old, fresh)], or [].
+7. slot_mapping: [table[p // size] * size + p % size for p in range(start, start + num)].""",
+)
+STUCK = (
+    "Stuck? hint_block_manager(1), then 2 and 3; print(reveal_block_manager()) shows kvlab's own."
 )
 
 
@@ -134,7 +136,8 @@ def check_block_manager(
 
 
 def check_written(manager_class) -> Verdict:
-    """The first criterion: every method runs on a fresh manager."""
+    """The first criterion: every method runs on a fresh manager. A call that raises is
+    shown after the calls that came before it: the bug may be in one of those."""
     calls = (
         ("allocate_slots", (0, 5)),
         ("slot_mapping", (0, 0, 5)),
@@ -145,24 +148,36 @@ def check_written(manager_class) -> Verdict:
         manager = manager_class(NUM_BLOCKS, BLOCK_SIZE)
     except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
         return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
+    done, why = [], ""
     for name, args in calls:
+        call = f"{name}({', '.join(map(str, args))})"
         try:
             getattr(manager, name)(*args)
         except NotImplementedError:
             return Verdict("written", False, f"{name}() is not written yet")
         except Exception as error:  # noqa: BLE001
-            call = f"{name}{args}"
-            return Verdict(
-                "written",
-                False,
-                f"{call} raised {type(error).__name__}: {error} "
-                "(on a fresh manager, after allocate_slots(0, 5))",
+            before = f", after {'; '.join(done)}" if done else ""
+            detail = f"{call} raised {type(error).__name__}: {error} (on a fresh manager{before})"
+            return Verdict("written", False, detail, why)
+        done.append(call)
+        if name == "fork" and _child_without_count(manager, args[1]):
+            why = (
+                "fork gives the child its parent's token count too: "
+                "num_tokens[child] = num_tokens[parent]"
             )
     return Verdict("written", True)
 
 
+def _child_without_count(manager, child: int) -> bool:
+    """Whether a fork left the child a block table but no token count (a later call on the
+    child then finds none)."""
+    tables, num_tokens = getattr(manager, "block_tables", {}), getattr(manager, "num_tokens", {})
+    return child in tables and child not in num_tokens
+
+
 def hint_block_manager(level: int = 1) -> Hint:
-    """Help in steps: 1 a nudge, 2 copy-on-write, fork and free, 3 the whole algorithm."""
+    """Help in steps: 1 a nudge, 2 sharing (fork, free, when to copy), 3 the whole
+    allocate_slots, numbered."""
     return hint(HINTS, level)
 
 
