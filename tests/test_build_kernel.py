@@ -17,6 +17,10 @@ import pytest
 import kvlab  # noqa: F401 (before triton: kvlab chooses how Triton runs)
 from kvlab.exercises.build_kernel import (
     CRITERIA,
+    HEAD_MAPPING,
+    LARGE_SCORES,
+    MISCONCEPTIONS,
+    SLOT_STRIDE,
     check_generation,
     check_kernel,
     hint_kernel,
@@ -29,12 +33,37 @@ SOLUTION = Path(__file__).parent / "solutions" / "lab05_kernel.py"
 LOOP_START = "        block = tl.load("
 LOOP_END = "        m_i = m_new\n"
 
-# name: ((old, new) replacements in the solution, the criterion that must catch it)
+SCORES = 'tl.where(in_seq, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))'
+# name: ((old, new) replacements in the solution, the criterion that must catch it, the
+# misconception the check must name)
 PLANTED = {
-    "no_scale": ([("axis=1) * scale, float", "axis=1), float")], "one_block"),
+    "no_scale": (
+        [("axis=1) * scale, float", "axis=1), float")],
+        "one_block",
+        MISCONCEPTIONS["one_block"],
+    ),
+    # A slot stride typed as HEAD_DIM: right for one KV head, wrong for every head of two.
+    "slot_stride_head_dim": (
+        [("slots[:, None] * stride_kv_slot", "slots[:, None] * HEAD_DIM")],
+        "kv_heads",
+        SLOT_STRIDE,
+    ),
+    # Query heads spread over the KV heads (0, 1, 0, 1) instead of grouped (0, 0, 1, 1).
+    "gqa_head_modulo": (
+        [("(head // GROUP) * stride_kv_head", "(head % GROUP) * stride_kv_head")],
+        "kv_heads",
+        HEAD_MAPPING,
+    ),
+    # Query head h read from KV head h: right without GQA only.
+    "gqa_no_group": (
+        [("(head // GROUP) * stride_kv_head", "head * stride_kv_head")],
+        "kv_heads",
+        HEAD_MAPPING,
+    ),
     "no_rescale": (
         [("l_i = l_i * alpha +", "l_i = l_i +"), ("acc = acc * alpha +", "acc = acc +")],
         "online_softmax",
+        MISCONCEPTIONS["online_softmax"],
     ),
     "ignores_block_table": (
         [
@@ -44,25 +73,20 @@ PLANTED = {
             )
         ],
         "block_table",
+        MISCONCEPTIONS["block_table"],
     ),
     "no_mask": (
         [
             ("mask=in_seq[:, None], other=0.0", "mask=None"),
-            (
-                'tl.where(in_seq, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))',
-                "tl.sum(k * q[None, :], axis=1) * scale",
-            ),
+            (SCORES, "tl.sum(k * q[None, :], axis=1) * scale"),
         ],
         "partial_block",
+        MISCONCEPTIONS["partial_block"],
     ),
     "masked_scores_zero": (
-        [
-            (
-                'tl.where(in_seq, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))',
-                "tl.sum(k * q[None, :], axis=1) * scale",
-            )
-        ],
+        [(SCORES, "tl.sum(k * q[None, :], axis=1) * scale")],
         "partial_block",
+        MISCONCEPTIONS["partial_block"],
     ),
     # A running max that starts at 0: right while some score of a row is above 0, 0 / 0
     # when every score is near -300.
@@ -74,6 +98,7 @@ PLANTED = {
             )
         ],
         "large_scores",
+        LARGE_SCORES["negative"],
     ),
     # The max taken over the raw scores, the masked slots' 0 among them: the same.
     "max_before_masking": (
@@ -84,6 +109,7 @@ PLANTED = {
             )
         ],
         "large_scores",
+        LARGE_SCORES["negative"],
     ),
     "raw_exp": (
         [
@@ -91,6 +117,13 @@ PLANTED = {
             ("p = tl.exp(scores - m_new)", "p = tl.exp(scores)"),
         ],
         "large_scores",
+        LARGE_SCORES["random"],
+    ),
+    # BLOCK_SIZE typed as the 8 of every case before "shapes".
+    "block_size_typed": (
+        [("in_seq = logical * BLOCK_SIZE + slots", "in_seq = logical * 8 + slots")],
+        "shapes",
+        MISCONCEPTIONS["shapes"],
     ),
 }
 
@@ -122,12 +155,12 @@ def test_the_stub_scores_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
-def test_each_planted_defect_fails_its_criterion(name, tmp_path):
-    replacements, criterion = PLANTED[name]
+def test_each_planted_defect_fails_its_criterion_named(name, tmp_path):
+    replacements, criterion, misconception = PLANTED[name]
     report = check_kernel(kernel_from(SOLUTION, replacements, tmp_path, name))
     failed = report.verdicts[-1]
     assert not failed.passed and failed.criterion == criterion, report
-    assert "sequence" in failed.detail and failed.misconception
+    assert "sequence" in failed.detail and failed.misconception == misconception, report
     assert all(v.passed for v in report.verdicts[:-1])
 
 
@@ -159,7 +192,10 @@ def test_generation_catches_a_kernel_wrong_in_the_model(tmp_path):
 
 
 def test_help_comes_in_steps():
-    assert [hint_kernel(level)[:7] for level in (1, 2, 3)] == ["Section", "Scores ", "block ="]
+    assert [hint_kernel(level)[:7] for level in (1, 2, 3)] == ["Section", "Scores ", "Inside "]
+    # The last hint is numbered steps, shown as lines in a notebook (not a quoted string).
+    steps = hint_kernel(3)
+    assert repr(steps) == str(steps) and "\n  9. m_i = m_new" in steps
     with pytest.raises(ValueError, match="level=0 is not allowed"):
         hint_kernel(0)
     assert "def _paged_decode_kernel" in reveal_kernel()

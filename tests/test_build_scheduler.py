@@ -25,6 +25,7 @@ from kvlab.exercises.build_scheduler import (
     reveal_scheduler,
 )
 from kvlab.exercises.scheduler_grader import first_difference
+from kvlab.exercises.scheduler_rules import MISCONCEPTIONS
 from tests.conftest import random_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -229,21 +230,101 @@ class UncaughtFull(Right):
         return True
 
 
+class PreemptsTwo(Right):
+    """Preempts two victims at a time where one is enough."""
+
+    def allocate_or_preempt(self, request, n, out):
+        while True:
+            try:
+                self.allocate(request, n, out)
+                return True
+            except CacheFullError:
+                for _ in range(2):
+                    victim = self.pick_victim()
+                    self.preempt(victim, out)
+                    if victim is request:
+                        return False
+
+
+class NotListed(Right):
+    """Preempts the right victim but never lists it in out.preempted."""
+
+    def preempt(self, victim, out):
+        self.running.remove(victim)
+        self.kv.free(victim.seq_id)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        self.waiting.push_front(victim)
+
+
+class NeverPreempts(Right):
+    """Leaves a request that finds no block out of the step instead of preempting."""
+
+    def allocate_or_preempt(self, request, n, out):
+        try:
+            self.allocate(request, n, out)
+            return True
+        except CacheFullError:
+            return False
+
+
+class NotRunning(Right):
+    """Starts waiting requests without setting their status to RUNNING."""
+
+    def admit_waiting(self, out, budget):
+        super().admit_waiting(out, budget)
+        for request in out.admitted:
+            request.status = RequestStatus.WAITING
+
+
+class AdvancesComputed(Right):
+    """Counts the planned tokens as computed, in both methods (the engine does that)."""
+
+    def schedule_running(self, out, budget):
+        left = super().schedule_running(out, budget)
+        for request, n in zip(out.requests, out.num_new_tokens, strict=True):
+            request.num_computed_tokens += n
+        return left
+
+    def admit_waiting(self, out, budget):
+        planned = len(out.requests)
+        super().admit_waiting(out, budget)
+        for request, n in zip(out.requests[planned:], out.num_new_tokens[planned:], strict=True):
+            request.num_computed_tokens += n
+
+
+class AdvancesRunning(Right):
+    """Counts a running request's planned tokens as computed (the engine does that)."""
+
+    def schedule_running(self, out, budget):
+        left = super().schedule_running(out, budget)
+        for request, n in zip(out.requests, out.num_new_tokens, strict=True):
+            request.num_computed_tokens += n
+        return left
+
+
+# (planted defect, the criterion that must catch it, the misconception it must name)
 PLANTED = [
-    (OverBudget, "token_budget"),
-    (NoSeatLimit, "max_num_seqs"),
-    (NoChunk, "chunked_prefill"),
-    (WholePrompt, "chunked_prefill"),
-    (SkipsAhead, "fcfs_admission"),
-    (DecodesSkipped, "running_first"),
-    (PreemptsOldest, "preemption"),
-    (KeepsBlocks, "preemption"),
-    (KeepsProgress, "preemption"),
-    (BackOfTheQueue, "preemption"),
-    (NoRetry, "preemption"),
-    (UncaughtFull, "preemption"),
-    (NotSkipped, "preemption"),
-    (NotAdmitted, "fcfs_admission"),
+    (OverBudget, "token_budget", "budget"),
+    (NoSeatLimit, "max_num_seqs", "seats"),
+    (NoChunk, "chunked_prefill", "chunk"),
+    (WholePrompt, "chunked_prefill", "chunk"),
+    (SkipsAhead, "fcfs_admission", "fcfs"),
+    (DecodesSkipped, "running_first", "skipped"),
+    (PreemptsOldest, "preemption", "victim"),
+    (KeepsBlocks, "preemption", "free"),
+    (KeepsProgress, "preemption", "recompute"),
+    (BackOfTheQueue, "preemption", "head"),
+    (NoRetry, "preemption", "retry"),
+    (PreemptsTwo, "preemption", "retry"),
+    (UncaughtFull, "preemption", "uncaught"),
+    (NeverPreempts, "preemption", "no_victim"),
+    (NotSkipped, "preemption", "skip"),
+    (NotListed, "preemption", "listed"),
+    (NotAdmitted, "fcfs_admission", "admitted"),
+    (NotRunning, "fcfs_admission", "status"),
+    (AdvancesComputed, "fcfs_admission", "advanced"),
+    (AdvancesRunning, "running_first", "advanced"),
 ]
 
 
@@ -269,12 +350,15 @@ def test_a_method_that_still_raises_is_not_written():
     assert not verdict.passed and verdict.detail == "preempt() is not written yet"
 
 
-@pytest.mark.parametrize(("planted", "criterion"), PLANTED, ids=[p.__name__ for p, _ in PLANTED])
-def test_each_planted_defect_fails_its_criterion(planted, criterion):
+@pytest.mark.parametrize(
+    ("planted", "criterion", "misconception"), PLANTED, ids=[p.__name__ for p, *_ in PLANTED]
+)
+def test_each_planted_defect_fails_its_criterion_named(planted, criterion, misconception):
     report = check_scheduler(planted, num_traces=200)
     failed = report.verdicts[-1]
     assert not failed.passed and failed.criterion == criterion, report
-    assert "shortest case: r0" in failed.detail and failed.misconception
+    assert "shortest case: r0" in failed.detail, report
+    assert failed.misconception == MISCONCEPTIONS[misconception], report
     assert all(v.passed for v in report.verdicts[:-1])
 
 
@@ -287,13 +371,18 @@ def test_a_right_scheduler_passes_every_rule(monkeypatch):
     assert report.passed, report
 
 
-def test_the_misconception_names_the_bug_not_a_neighbour():
-    def misconception(planted):
-        return check_scheduler(planted).verdicts[-1].misconception
-
-    assert "skip it when the walk reaches it" in misconception(NotSkipped)
-    assert "self.running[-1]" in misconception(PreemptsOldest)
-    assert "out.admitted" in misconception(NotAdmitted)
+def test_what_the_failing_step_saw_is_named():
+    """The messages say what the learner's own step did, not only what kvlab did."""
+    listed = first_difference(NotListed, [(0, 8, 6), (0, 5, 5), (3, 13, 1)])
+    assert listed[1].endswith(
+        "yours nobody in out.preempted, though your step took [r2] off self.running"
+    ), listed
+    status = first_difference(NotRunning, [(0, 1, 1)])
+    assert status[1] == "at t=0: r0 was started (it is in self.running) with status WAITING"
+    advanced = first_difference(AdvancesRunning, [(0, 9, 1)])
+    assert advanced[1] == (
+        "at t=1: schedule_running changed r0's num_computed_tokens from 8 to 9"
+    ), advanced
 
 
 def test_the_shortest_case_is_small():
@@ -330,10 +419,10 @@ def test_a_step_scheduler_refuses_other_settings():
 
 
 def test_help_comes_in_steps():
-    assert [hint_scheduler(level)[:4] for level in (1, 2, 3)] == ["Each", "Toke", "sche"]
+    assert [hint_scheduler(level)[:4] for level in (1, 2, 3)] == ["Two ", "Pree", "sche"]
     # The last hint is numbered steps, shown as lines in a notebook (not a quoted string).
     steps = hint_scheduler(3)
-    assert repr(steps) == str(steps) and "  2. stop the loop if the budget is 0;" in steps
+    assert repr(steps) == str(steps) and "\n  6. out.add(request, n); budget -= n\n" in steps
     with pytest.raises(ValueError, match="level=4 is not allowed"):
         hint_scheduler(4)
     assert "def _schedule_running" in reveal_scheduler()

@@ -34,7 +34,7 @@ SOLVED = {
     "05_triton_paged_attention.ipynb": (
         "my_decode_kernel",
         "lab05_kernel.py",
-        ["8 of 8 criteria hold"],
+        ["9 of 9 criteria hold"],
     ),
     "06_prefix_sharing.ipynb": ("MyBlockPool", "lab06_prefix_cache.py", ["7 of 7 criteria hold"]),
 }

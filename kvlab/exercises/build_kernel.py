@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,6 +40,8 @@ __all__ = ["CRITERIA", "check_kernel", "decode_with", "hint_kernel", "reveal_ker
 CRITERIA = {
     "written": "the loop computes something (the output is no longer 0 / 0)",
     "one_block": "one full block: softmax(q . k * scale) @ v over its slots",
+    "kv_heads": "one block of several KV heads: each slot read stride_kv_slot apart, each "
+    "query head from its own KV head",
     "online_softmax": "several blocks in order: l_i and acc rescaled by alpha as the max grows",
     "block_table": "blocks scattered over the pool: each read where the block table says",
     "partial_block": "contexts that end mid-block: the slots past seq_len count for nothing",
@@ -49,28 +52,56 @@ CRITERIA = {
 STUCK = "Stuck? hint_kernel(1), then 2 and 3; print(reveal_kernel()) shows kvlab's own kernel."
 TOLERANCE = 1e-5  # float32: the order of the sums changes only the last bits
 
-# criterion: (seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query scale,
-#             and optionally the scores' sign: "negative" or "mixed", see _steer_scores)
+
+class Case(NamedTuple):
+    """One launch of the learner's kernel, on a random paged cache (``_inputs``).
+
+    Attributes:
+        shuffled: blocks handed out in random order; else a sequence's logical block i is
+            physical block i.
+        query_scale: queries times this (3: the max grows from block to block; 100:
+            scores in the hundreds).
+        scores: "random", or steered: "negative" (every score near -300) or "mixed"
+            (near +300 and -300 on alternate slots), see ``_steer_scores``.
+    """
+
+    seq_lens: list[int]
+    block_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    shuffled: bool = True
+    query_scale: float = 1.0
+    scores: str = "random"
+
+
+# Each criterion adds one difficulty to those before it. Until "shapes", every case has
+# block_size 8 and head_dim 16, so a size typed in is first caught there.
 CASES = {
-    "one_block": [([8], 8, 1, 1, 16, False, 1.0)],
-    # One sequence each: in order, its logical block i is physical block i.
-    "online_softmax": [([16], 4, 2, 2, 16, False, 3.0), ([40], 8, 1, 1, 32, False, 3.0)],
-    "block_table": [([16, 12, 8], 4, 2, 2, 16, True, 1.0)],
-    "partial_block": [([10, 7, 13], 4, 2, 2, 16, True, 1.0), ([1, 5], 8, 1, 1, 16, True, 1.0)],
+    "one_block": [Case([8], 8, 1, 1, 16, shuffled=False)],
+    # With one KV head, a slot stride typed as HEAD_DIM is right by chance; two KV heads
+    # find it. GQA groups of 1 and 2 find a query head sent to the wrong KV head.
+    "kv_heads": [Case([8], 8, 2, 2, 16, shuffled=False), Case([8], 8, 4, 2, 16, shuffled=False)],
+    "online_softmax": [
+        Case([32], 8, 2, 2, 16, shuffled=False, query_scale=3.0),
+        Case([40], 8, 1, 1, 16, shuffled=False, query_scale=3.0),
+    ],
+    "block_table": [Case([24, 16, 8], 8, 2, 2, 16)],
+    "partial_block": [Case([10, 7, 13], 8, 2, 2, 16), Case([1, 5], 8, 1, 1, 16)],
     "large_scores": [
-        ([12, 9], 4, 2, 2, 16, True, 100.0),
+        Case([12, 9], 8, 2, 2, 16, query_scale=100.0),
         # Every score of a row near -300: a running max that starts at 0, or that takes
         # the max before the slots past seq_len are masked, leaves exp(-300) = 0 for every
         # slot, and 0 / 0.
-        ([12, 9], 4, 2, 2, 16, True, 1.0, "negative"),
-        ([13, 6], 4, 2, 1, 16, True, 1.0, "mixed"),
+        Case([12, 9], 8, 2, 2, 16, scores="negative"),
+        Case([13, 6], 8, 2, 1, 16, scores="mixed"),
     ],
     "shapes": [
-        ([9, 4], 1, 2, 2, 16, True, 1.0),
-        ([37, 10, 3], 8, 4, 1, 32, True, 1.0),
-        ([50, 17], 16, 4, 2, 64, True, 1.0),
-        ([5, 11, 2, 8], 2, 3, 1, 16, True, 1.0),
-        ([70, 33], 32, 2, 1, 64, True, 1.0),
+        Case([9, 4], 1, 2, 2, 16),
+        Case([37, 10, 3], 8, 4, 1, 32),
+        Case([50, 17], 16, 4, 2, 64),
+        Case([5, 11, 2, 8], 2, 3, 1, 16),
+        Case([70, 33], 32, 2, 1, 64),
     ],
 }
 MISCONCEPTIONS = {
@@ -82,12 +113,26 @@ MISCONCEPTIONS = {
     "logical): the logical index is not an address in the pool",
     "partial_block": "load with mask=in_seq (in_seq = logical * BLOCK_SIZE + slots < seq_len) "
     "and give masked slots the score -inf, so that their p is 0",
-    "large_scores": "exponentiate scores minus the running max, never the raw scores "
-    "(exp(100) is past float32's range); the max starts at -inf, not 0, and is taken after "
-    "the slots past seq_len are set to -inf (else a row whose scores are all near -300 "
-    "underflows to 0 / 0)",
     "shapes": "use the strides and constexprs the kernel is given (stride_kv_slot, "
     "stride_bt_seq, HEAD_DIM, BLOCK_SIZE): no size typed in",
+}
+# What a failure of one block of several KV heads means, by the rows it got wrong.
+SLOT_STRIDE = (
+    "every query head is off, so the slots are read in the wrong places: slot s of a block "
+    "starts s * stride_kv_slot elements in, and stride_kv_slot is num_kv_heads * head_dim "
+    "(a token's KV heads lie side by side), HEAD_DIM only when there is one KV head"
+)
+HEAD_MAPPING = (
+    "some query heads are right and others off, so heads read the wrong KV head: query "
+    "head h reads KV head h // GROUP, at kv_cache_ptr + (head // GROUP) * stride_kv_head"
+)
+# What a failure of each large-score case means, by how its scores were steered.
+LARGE_SCORES = {
+    "random": "exponentiate scores minus the running max, never the raw scores (exp(100) is "
+    "past float32's range)",
+    "negative": "the running max starts at -inf, not 0, and is taken after the slots past "
+    "seq_len are set to -inf: else a row whose scores are all near -300 underflows to 0 / 0",
+    "mixed": "",  # no mistake we know of fails this case alone: no guess
 }
 HINTS = (
     "Section 3.2's kernel has everything one block needs: the block-table load, in_seq, the "
@@ -97,13 +142,16 @@ HINTS = (
     "tl.sum(k * q[None, :], axis=1) * scale, float('-inf')). m_new = tl.maximum(m_i, "
     "tl.max(scores, axis=0)); alpha = tl.exp(m_i - m_new); p = tl.exp(scores - m_new). "
     "On the first block m_i is -inf and alpha is 0: nothing to rescale yet.",
-    "block = tl.load(block_table_ptr + seq * stride_bt_seq + logical).to(tl.int64); in_seq = "
-    "logical * BLOCK_SIZE + slots < seq_len; offsets = block * stride_kv_block + slots[:, "
-    "None] * stride_kv_slot + dims[None, :]; k = tl.load(k_head_ptr + offsets, mask=in_seq[:, "
-    "None], other=0.0).to(tl.float32); v = tl.load(v_head_ptr + offsets, mask=in_seq[:, "
-    "None], other=0.0).to(tl.float32); scores, m_new, alpha, p as in hint 2; l_i = l_i * "
-    "alpha + tl.sum(p, axis=0); acc = acc * alpha + tl.sum(p[:, None] * v, axis=0); "
-    "m_i = m_new.",
+    "Inside the loop, for each logical block:\n"
+    "  1. block = tl.load(block_table_ptr + seq * stride_bt_seq + logical).to(tl.int64)\n"
+    "  2. in_seq = logical * BLOCK_SIZE + slots < seq_len\n"
+    "  3. offsets = block * stride_kv_block + slots[:, None] * stride_kv_slot + dims[None, :]\n"
+    "  4. k = tl.load(k_head_ptr + offsets, mask=in_seq[:, None], other=0.0).to(tl.float32)\n"
+    "  5. v: the same load from v_head_ptr\n"
+    "  6. scores, m_new, alpha and p as in hint 2\n"
+    "  7. l_i = l_i * alpha + tl.sum(p, axis=0)\n"
+    "  8. acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)\n"
+    "  9. m_i = m_new",
 )
 
 
@@ -146,11 +194,11 @@ def check_kernel(kernel, model=None) -> Report:
     return Report(verdicts, CRITERIA, STUCK)
 
 
-def _check_cases(kernel, criterion: str, cases: list[tuple]) -> Verdict:
+def _check_cases(kernel, criterion: str, cases: list[Case]) -> Verdict:
     from kvlab.kernels import paged_decode_attention_ref
 
     for number, case in enumerate(cases):
-        query, kv_cache, block_table, seq_lens = _inputs(*case)
+        query, kv_cache, block_table, seq_lens = _inputs(case)
         expected = paged_decode_attention_ref(query, kv_cache, block_table, seq_lens)
         try:
             mine = decode_with(kernel, query, kv_cache, block_table, seq_lens)
@@ -170,34 +218,48 @@ def _check_cases(kernel, criterion: str, cases: list[tuple]) -> Verdict:
         failure = _first_wrong_row(mine, expected)
         if failure is not None:
             where = _describe(case, number, len(cases))
-            return Verdict(criterion, False, f"{where}: {failure}", MISCONCEPTIONS[criterion])
+            why = _misconception(criterion, case, number, _wrong_rows(mine, expected))
+            return Verdict(criterion, False, f"{where}: {failure}", why)
     return Verdict(criterion, True)
 
 
-def _inputs(
-    seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query_scale, sign=None
-):
+def _misconception(criterion: str, case: Case, number: int, wrong: torch.Tensor) -> str:
+    """What a failure of ``case`` most often means, from the difficulty it adds and the
+    rows it got wrong (``wrong``: (num_seqs, num_heads) bools); "" when nothing fits."""
+    if criterion == "large_scores":
+        return LARGE_SCORES[case.scores]
+    if criterion != "kv_heads":
+        return MISCONCEPTIONS[criterion]
+    if not wrong.all():  # the same slots, read right for some heads
+        return HEAD_MAPPING
+    if number == 0:  # group 1: the heads' own KV heads, their slots in the wrong places
+        return SLOT_STRIDE
+    return ""
+
+
+def _inputs(case: Case):
     from kvlab.env import default_device
     from kvlab.kernels.cases import random_query, shuffled_paged_cache
 
     device = default_device()
     kv_cache, block_table, lens = shuffled_paged_cache(
-        seq_lens,
-        block_size,
-        num_kv_heads,
-        head_dim,
-        num_spare=2 if shuffled else 0,
+        case.seq_lens,
+        case.block_size,
+        case.num_kv_heads,
+        case.head_dim,
+        num_spare=2,
         extra_columns=1,
         unused_entry=-7,
         device=device,
-        seed=len(seq_lens) + block_size,
+        seed=len(case.seq_lens) + case.block_size,
     )
-    if not shuffled:  # one sequence, its blocks in order: logical block i is physical i
-        count = -(-seq_lens[0] // block_size)
+    if not case.shuffled:  # one sequence, its blocks in order: logical block i is physical i
+        count = -(-case.seq_lens[0] // case.block_size)
         block_table[0, :count] = torch.arange(count)
-    query = random_query(len(seq_lens), num_heads, head_dim, device=device) * query_scale
-    if sign is not None:
-        query = _steer_scores(query, kv_cache, sign)
+    query = random_query(len(case.seq_lens), case.num_heads, case.head_dim, device=device)
+    query = query * case.query_scale
+    if case.scores != "random":
+        query = _steer_scores(query, kv_cache, case.scores)
     return query, kv_cache, block_table, lens
 
 
@@ -216,9 +278,18 @@ def _steer_scores(query: torch.Tensor, kv_cache: torch.Tensor, sign: str) -> tor
     return query - 15 * head_dim**0.5 * direction
 
 
+def _row_errors(mine: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """(num_seqs, num_heads): each row's max |yours - reference|, inf where NaN."""
+    error = (mine.float() - expected.float()).abs().amax(dim=-1)
+    return torch.where(torch.isnan(error), torch.full_like(error, float("inf")), error)
+
+
+def _wrong_rows(mine: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    return _row_errors(mine, expected) > TOLERANCE
+
+
 def _first_wrong_row(mine: torch.Tensor, expected: torch.Tensor) -> str | None:
-    error = (mine.float() - expected.float()).abs().amax(dim=-1)  # (num_seqs, num_heads)
-    error = torch.where(torch.isnan(error), torch.full_like(error, float("inf")), error)
+    error = _row_errors(mine, expected)
     if error.max() <= TOLERANCE:
         return None
     seq, head = divmod(int(error.argmax()), error.shape[1])
@@ -229,19 +300,23 @@ def _first_wrong_row(mine: torch.Tensor, expected: torch.Tensor) -> str | None:
     )
 
 
-def _describe(case: tuple, number: int, total: int) -> str:
-    seq_lens, block_size, num_heads, num_kv_heads, head_dim, shuffled, query_scale = case[:7]
-    order = "shuffled" if shuffled else "in order"
-    scores = f", queries x{query_scale:g}" if query_scale != 1.0 else ""
-    if case[7:] == ("negative",):
-        scores = ", every score near -300"
-    elif case[7:] == ("mixed",):
-        scores = ", scores near +300 and -300 on alternate slots"
+def _describe(case: Case, number: int, total: int) -> str:
+    order = "shuffled" if case.shuffled else "in order"
+    scores = {
+        "random": f", queries x{case.query_scale:g}" if case.query_scale != 1.0 else "",
+        "negative": ", every score near -300",
+        "mixed": ", scores near +300 and -300 on alternate slots",
+    }[case.scores]
     which = f"case {number + 1} of {total}: " if total > 1 else ""
     return (
-        f"{which}seq_lens {seq_lens}, block_size {block_size} (blocks {order}), "
-        f"{num_heads} heads / {num_kv_heads} KV heads, head_dim {head_dim}{scores}"
+        f"{which}seq_lens {case.seq_lens}, block_size {case.block_size} (blocks {order}), "
+        f"{_count(case.num_heads, 'head')} / {_count(case.num_kv_heads, 'KV head')}, "
+        f"head_dim {case.head_dim}{scores}"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def check_generation(kernel, model=None) -> Verdict:

@@ -84,31 +84,32 @@ CRITERIA = {
 STUCK = "Stuck? hint_scheduler(1), then 2 and 3; print(reveal_scheduler()) shows kvlab's own."
 
 HINTS = (
-    "Each step has a token budget. schedule_running walks a copy of self.running, oldest "
-    "first, and gives each request min(tokens it has left to compute, budget left) tokens; "
-    "admit_waiting then spends what is left on waiting requests. A request preempted "
-    "earlier in the same walk is no longer RUNNING: skip it.",
-    "Tokens left: request.num_tokens - request.num_computed_tokens. Take slots with "
-    "self.allocate(request, n, out); it raises CacheFullError when blocks run out. Then "
-    "preempt self.running[-1] and allocate again, until it fits or the request itself was "
-    "the victim. preempt: remove it from self.running, self.kv.free(victim.seq_id), "
-    "num_computed_tokens = 0, status WAITING, self.waiting.push_front(victim), "
-    "out.preempted.append(victim).",
-    "schedule_running, for each request in list(self.running):\n"
-    "  1. skip it if its status is no longer RequestStatus.RUNNING;\n"
-    "  2. stop the loop if the budget is 0;\n"
-    "  3. n = min(request.num_tokens - request.num_computed_tokens, budget);\n"
-    "  4. try self.allocate(request, n, out); on CacheFullError preempt the newest running\n"
-    "     request and try again; if the request itself was preempted, go to the next one\n"
-    "     without adding it;\n"
-    "  5. out.add(request, n); budget -= n.\n"
-    "  Return the budget left.\n"
-    "admit_waiting, for each request in self.waiting:\n"
-    "  1. stop if the budget is 0 or len(self.running) >= self.config.max_num_seqs;\n"
-    "  2. n = self.kv_admit(request, budget); stop if it is None;\n"
-    "  3. status RUNNING, append to self.running, out.add(request, n),\n"
-    "     out.admitted.append(request), budget -= n.\n"
-    "  After the loop, self.waiting.remove(r) for each admitted request r.",
+    "Two calls take KV slots, never both for one request: self.allocate for a running "
+    "request's next tokens, self.kv_admit for a waiting one (it takes the slots of the "
+    "first chunk itself). out.add(request, n) only writes the plan, with the n the slots "
+    "were taken for. Get a step right where every request fits first; preemption comes "
+    "after.",
+    "Preemption is a loop around allocate: while self.allocate(request, n, out) raises "
+    "CacheFullError, preempt victim = self.running[-1] and try again. It ends when allocate "
+    "returns, or when the victim was the request itself: that one computes nothing this "
+    "step, so it gets no out.add and the walk goes on. preempt must also list the victim "
+    "(out.preempted.append): schedule admits nobody in a step that preempted.",
+    "schedule_running(out, budget): for request in list(self.running):\n"
+    "  1. if request.status is not RequestStatus.RUNNING: continue\n"
+    "  2. if budget == 0: break (the walk ends; nobody after it gets tokens)\n"
+    "  3. n = min(request.num_tokens - request.num_computed_tokens, budget)\n"
+    "  4. try self.allocate(request, n, out); on CacheFullError: victim = self.running[-1],\n"
+    "     self.preempt(victim, out), and back to 4 unless victim is request\n"
+    "  5. if 4 preempted the request itself: continue (no out.add for it)\n"
+    "  6. out.add(request, n); budget -= n\n"
+    "  after the loop: return budget\n"
+    "admit_waiting(out, budget): started = []; for request in self.waiting:\n"
+    "  1. if budget == 0 or len(self.running) >= self.config.max_num_seqs: break\n"
+    "  2. n = self.kv_admit(request, budget); if n is None: break\n"
+    "  3. request.status = RequestStatus.RUNNING; self.running.append(request)\n"
+    "  4. out.add(request, n); out.admitted.append(request); budget -= n\n"
+    "  5. started.append(request)\n"
+    "  after the loop: self.waiting.remove(r) for each r in started",
 )
 
 

@@ -94,17 +94,20 @@ def engine_for(scheduler_class, trace: list[Request], on_plan=None) -> LLMEngine
 
 
 def _watched(scheduler_class, on_plan):
-    """``scheduler_class`` whose every plan goes to ``on_plan(scheduler, out, before, now)``."""
+    """``scheduler_class`` whose every plan goes to ``on_plan(scheduler, out, before,
+    computed, now)``: ``before``, the running requests' tokens left to compute, and
+    ``computed``, every request's num_computed_tokens, as the step began."""
 
     class Watched(scheduler_class):
         def schedule(self, now):
             before = {r.seq_id: r.num_tokens - r.num_computed_tokens for r in self.running}
+            computed = {r.seq_id: r.num_computed_tokens for r in [*self.running, *self.waiting]}
             try:
                 out = super().schedule(now)
             except Exception as error:  # noqa: BLE001 - any error of the learner's code
                 raise _learner_failure(error, now) from error
             if on_plan is not None:
-                on_plan(self, out, before, now)
+                on_plan(self, out, before, computed, now)
             return out
 
     return Watched
@@ -118,18 +121,8 @@ def _learner_failure(error: Exception, now: float) -> Failure:
     if isinstance(error, NotImplementedError):
         return Failure(_CRITERION_OF[method], f"at t={now:g}: {method}() is not written yet", "")
     if isinstance(error, CacheFullError):
-        return Failure(
-            "preemption",
-            what,
-            "catch CacheFullError where blocks run out: "
-            "preempt the newest running request, then allocate again",
-        )
-    return Failure(
-        _CRITERION_OF[method],
-        what,
-        "only allocate() raises when blocks run out "
-        "(CacheFullError); any other error is a bug in the method it names",
-    )
+        return Failure("preemption", what, MISCONCEPTIONS["uncaught"])
+    return Failure(_CRITERION_OF[method], what, MISCONCEPTIONS["raised"])
 
 
 def first_difference(make: Callable, trace: list[Request]) -> tuple[str, str, str] | None:
@@ -137,13 +130,13 @@ def first_difference(make: Callable, trace: list[Request]) -> tuple[str, str, st
     reference: list[Plan] = []
     steps = [0]
 
-    def on_reference(scheduler, out, before, now):
+    def on_reference(scheduler, out, before, computed, now):
         reference.append(plan_of(scheduler, out, before))
 
-    def on_learner(scheduler, out, before, now):
+    def on_learner(scheduler, out, before, computed, now):
         steps[0] += 1
         where = f"at t={now:g}"
-        check_rules(scheduler, out, before, where)
+        check_rules(scheduler, out, before, computed, where)
         compare(plan_of(scheduler, out, before), reference[-1], where)
 
     kvlab = engine_for(Scheduler, trace, on_reference)

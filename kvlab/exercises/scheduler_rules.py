@@ -1,10 +1,12 @@
 """The rules lab 04's grader holds a learner's plan to, step by step.
 
-    check_rules(scheduler, out, before, where)
+    check_rules(scheduler, out, before, computed, where)
                                          what any plan keeps: no request twice, at least
-                                         one token each, slots held for every token, the
-                                         token budget, max_num_seqs, a preempted request
-                                         freed, reset and back at the head of the queue
+                                         one token each, a preempted request freed, reset
+                                         and back at the head of the queue, a started one
+                                         RUNNING, num_computed_tokens left to the engine,
+                                         slots held for every token, the token budget,
+                                         max_num_seqs
     compare(mine, ref, where)            the learner's plan against kvlab's: with first
                                          come first served and preemption of the newest
                                          running request, a step has one right plan
@@ -36,6 +38,10 @@ MISCONCEPTIONS = {
     "skip": "a preempted request computes nothing this step: skip it when the walk reaches "
     "it (it is no longer RUNNING), and do not add it when it was the one being allocated",
     "admitted": "a started request joins out.admitted as well as out (out.admitted.append)",
+    "status": "a started request's status becomes RequestStatus.RUNNING: the next step's "
+    "walk over self.running skips every request that is not RUNNING",
+    "advanced": "the engine advances num_computed_tokens after the step, by the tokens it "
+    "computed; your scheduler only plans them (out.add) and leaves the count alone",
     "skipped": "every running request gets its next tokens each step, oldest first, "
     "before anyone waiting is admitted",
     "chunk": "a prompt longer than the budget left gets what is left (a chunk) now and "
@@ -45,14 +51,22 @@ MISCONCEPTIONS = {
     "skipping ahead starves the long requests",
     "victim": "preempt the newest running request (self.running[-1]): it loses the least "
     "work, and the oldest keep their place",
-    "retry": "after preempting a victim, allocate again: keep preempting the newest until "
+    "retry": "after each victim, allocate again: preempt the newest, one at a time, until "
     "the request fits, or until it is the one preempted",
+    "listed": "a preempted request joins out.preempted (out.preempted.append(victim)): the "
+    "engine and the step's plan read that list",
+    "no_victim": "when allocate raises CacheFullError, preempt the newest running request "
+    "and allocate again: a request that finds no block does not just wait",
     "free": "a preempted request gives all its blocks back: self.kv.free(victim.seq_id)",
     "recompute": "recompute starts over: num_computed_tokens = 0 and status WAITING, so "
     "its prompt and the outputs so far are computed again",
     "head": "a preempted request goes back to the head of the waiting queue "
     "(self.waiting.push_front) and leaves self.running, so it is the next to start",
     "leak": "every block a request held must come back: on preemption and when it finishes",
+    "uncaught": "catch CacheFullError where blocks run out: preempt the newest running "
+    "request, then allocate again",
+    "raised": "only allocate() raises when blocks run out (CacheFullError); any other error "
+    "is a bug in the method it names",
 }
 
 
@@ -69,6 +83,7 @@ class Plan:
     preempted: list[int]
     before: dict[int, int]  # running before the step: seq_id -> tokens left to compute
     waiting_after: list[int]
+    running_after: list[int]
 
 
 def name(seq_id: int) -> str:
@@ -90,11 +105,13 @@ def plan_of(scheduler, out, before: dict[int, int]) -> Plan:
         preempted=[r.seq_id for r in out.preempted],
         before=before,
         waiting_after=[r.seq_id for r in scheduler.waiting],
+        running_after=[r.seq_id for r in scheduler.running],
     )
 
 
-def check_rules(scheduler, out, before: dict[int, int], where: str) -> None:
-    """The rules any plan keeps, whatever kvlab planned."""
+def check_rules(scheduler, out, before: dict[int, int], computed: dict[int, int], where: str):
+    """The rules any plan keeps, whatever kvlab planned. ``before``: the running requests'
+    tokens left; ``computed``: every request's num_computed_tokens, both before the step."""
     seq_ids = [r.seq_id for r in out.requests]
     if len(set(seq_ids)) != len(seq_ids):
         twice = next(s for s in seq_ids if seq_ids.count(s) > 1)
@@ -113,6 +130,8 @@ def check_rules(scheduler, out, before: dict[int, int], where: str) -> None:
     newest = list(before)[-len(out.preempted) :] if out.preempted else []
     for victim in out.preempted:
         _check_preempted(scheduler, out, victim, victim.seq_id in newest, where)
+    _check_started(scheduler, before, where)
+    _check_counts_untouched(out, computed, where)
     for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
         held = scheduler.kv.num_tokens(request.seq_id) if request.seq_id in scheduler.kv else 0
         if held != request.num_computed_tokens + num_new:
@@ -139,6 +158,37 @@ def check_rules(scheduler, out, before: dict[int, int], where: str) -> None:
             f"{where}: {len(scheduler.running)} requests run "
             f"({running}) with max_num_seqs={MAX_NUM_SEQS}",
             MISCONCEPTIONS["seats"],
+        )
+
+
+def _check_started(scheduler, before: dict[int, int], where: str) -> None:
+    """A request that joined self.running this step was started by admit_waiting: it must
+    be RUNNING, or the next step's walk skips it."""
+    for request in scheduler.running:
+        if request.seq_id not in before and request.status is not RequestStatus.RUNNING:
+            raise Failure(
+                "fcfs_admission",
+                f"{where}: {name(request.seq_id)} was started (it is in self.running) with "
+                f"status {request.status.name}",
+                MISCONCEPTIONS["status"],
+            )
+
+
+def _check_counts_untouched(out, computed: dict[int, int], where: str) -> None:
+    """The scheduler plans tokens; the engine counts them computed after the step. Only
+    preempt (reset to 0) and kv_admit (to the cached prefix: 0 in the grader, whose pool
+    caches nothing) may change num_computed_tokens."""
+    for request in out.requests:
+        admitted = request in out.admitted  # perhaps preempted earlier in the same step
+        was = 0 if admitted else computed.get(request.seq_id, 0)
+        if request.num_computed_tokens == was:
+            continue
+        method = "admit_waiting" if admitted else "schedule_running"
+        raise Failure(
+            "fcfs_admission" if admitted else "running_first",
+            f"{where}: {method} changed {name(request.seq_id)}'s num_computed_tokens from "
+            f"{was} to {request.num_computed_tokens}",
+            MISCONCEPTIONS["advanced"],
         )
 
 
@@ -174,7 +224,10 @@ def compare(mine: Plan, ref: Plan, where: str) -> None:
     """The learner's plan against kvlab's, from the preemptions to the queue."""
     if mine.preempted != ref.preempted:
         detail = f"{where}: kvlab preempted {_names(ref.preempted)}, yours {_names(mine.preempted)}"
-        raise Failure("preemption", detail, MISCONCEPTIONS["victim"])
+        mistake, taken = _preemption_mistake(mine, ref)
+        if mistake == "listed":
+            detail += f" in out.preempted, though your step took {_names(taken)} off self.running"
+        raise Failure("preemption", detail, MISCONCEPTIONS[mistake])
     for seq_id, left in ref.before.items():
         got, want = mine.rows.get(seq_id, 0), ref.rows.get(seq_id, 0)
         if got == want:
@@ -207,6 +260,21 @@ def compare(mine: Plan, ref: Plan, where: str) -> None:
         if ref.preempted:
             raise Failure("preemption", detail, MISCONCEPTIONS["head"])
         raise Failure("fcfs_admission", detail, MISCONCEPTIONS["fcfs"])
+
+
+def _preemption_mistake(mine: Plan, ref: Plan) -> tuple[str, list[int]]:
+    """The misconception a step whose preemptions differ from kvlab's shows, from who the
+    learner's step took off self.running (re-admitted in the same step counts too); and
+    those requests."""
+    taken = [s for s in mine.before if s not in mine.running_after or s in mine.admitted]
+    if sorted(taken) == sorted(ref.preempted):
+        return "listed", taken  # the right victims, not (all) listed in out.preempted
+    if not taken:
+        return "no_victim", taken
+    shorter, longer = sorted((mine.preempted, ref.preempted), key=len)
+    if shorter and longer[: len(shorter)] == shorter:
+        return "retry", taken  # the right victims, but too few or too many
+    return "victim", taken
 
 
 def check_end(engine, num_steps: int):
