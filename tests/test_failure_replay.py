@@ -89,3 +89,22 @@ def test_a_failure_only_a_fixed_probe_finds_is_named_not_called_correct():
     text = repr(replay_failure(PlainBlocksReversed))
     assert text.startswith("free_queue: plain blocks at the front") and "broken" in text
     assert "after free([0, 1, 2]) free_queue is [2, 1, 0, 3]" in text
+
+
+def test_no_likely_line_where_the_grader_names_no_misconception():
+    from test_build_arena import FromTheTop
+
+    text = repr(replay_failure(FromTheTop))
+    assert text.startswith(CRITERIA["first_fit"]) and "placed at slot 63" in text
+    assert "likely:" not in text
+
+
+def test_with_two_bugs_the_replay_rests_on_the_call_that_breaks_the_criterion_named():
+    # Its holes() lists the tail twice (wrong from the first reserve on), and its reserve
+    # refuses an exact fit, which first shows at the fourth call: the verdict is first_fit,
+    # so the replay goes on past the holes difference to that call.
+    from test_build_arena import StrictlyLongerTailTwice
+
+    replay = replay_failure(StrictlyLongerTailTwice)
+    assert repr(replay).startswith(f"{CRITERIA['first_fit']}: broken at step 4")
+    assert replay.view.slider.value == len(replay.view.snapshots) - 1 == 4

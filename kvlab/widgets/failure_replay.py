@@ -74,16 +74,15 @@ def replay_failure(learner_class, num_sequences: int = 300, seed: int = 0) -> Fa
             ]
         )
     detail, misconception = failures[broken]
+    likely = [f"likely: {misconception}"] if misconception else []  # none when no guess fits
     if broken not in cases:  # found by a fixed probe, not by a sequence of calls
-        return FailureReplay(
-            [f"{exercise.criteria[broken]}: broken", detail, f"likely: {misconception}"]
-        )
-    snapshots, labels = _snapshots(exercise, learner_class, cases[broken])
+        return FailureReplay([f"{exercise.criteria[broken]}: broken", detail, *likely])
+    snapshots, labels = _snapshots(exercise, learner_class, cases[broken], broken)
     view = StepView(snapshots, title=exercise.title, step=len(snapshots) - 1)
     lines = [
         f"{exercise.criteria[broken]}: broken at step {len(snapshots) - 1}",
         detail,
-        f"likely: {misconception}",
+        *likely,
         *(f"  step {i}: {label}" for i, label in enumerate(labels)),
     ]
     return FailureReplay(lines, view)
@@ -151,9 +150,10 @@ def _failures(exercise: _Exercise, learner_class, num_sequences: int, seed: int)
     return failures, cases
 
 
-def _snapshots(exercise: _Exercise, learner_class, ops: list):
+def _snapshots(exercise: _Exercise, learner_class, ops: list, broken: str):
     """A snapshot of the learner's state before the case and after each of its calls,
-    stopping at the first call the grader finds wrong."""
+    stopping at the first call that breaks the criterion ``broken`` (a call that breaks
+    another one first, in a learner's code with two bugs, is drawn and passed)."""
     grader = exercise.grader
     state = exercise.new_state(learner_class)
     snapshots, labels = [exercise.snapshot(state, 0)], ["an empty pool"]
@@ -166,7 +166,8 @@ def _snapshots(exercise: _Exercise, learner_class, ops: list):
             break
         labels.append(grader.show_op(op))
         snapshots.append(exercise.snapshot(state, step))
-        if grader.first_difference(learner_class, ops[:step]) is not None:
+        failure = grader.first_difference(learner_class, ops[:step])
+        if failure is not None and failure[0] == broken:
             break
     return snapshots, labels
 
