@@ -7,7 +7,9 @@ new page-map state, with the page map updated during the run, not only after it.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 
 import plotly.graph_objects as go
 import pytest
@@ -15,8 +17,8 @@ import pytest
 from kvlab.engine.step_cost import Roofline
 from kvlab.memory import preset
 from kvlab.widgets import BatchingPanel
-from kvlab.widgets.batching_figures import comparison_figure, timeline_figure
-from kvlab.widgets.batching_panel import PanelSettings
+from kvlab.widgets.batching_figures import comparison_figure, panel_figure, timeline_figure
+from kvlab.widgets.batching_panel import DEBOUNCE_S, PanelSettings
 
 KNOBS = (
     "max_num_seqs",
@@ -143,6 +145,76 @@ def test_a_bad_combination_is_explained_and_keeps_the_last_plots(panel):
     assert repr(panel).startswith("BatchingPanel(not replayed")
     panel.sliders["num_blocks"].value = 256
     assert panel.error is None and panel.figure is not figure
+
+
+def test_a_refused_replay_greys_out_the_last_results_and_names_a_slider(panel):
+    assert "kvlab-stale" not in panel.results_box._dom_classes
+    panel.set(block_size=1, num_blocks=4)
+    assert "kvlab-stale" in panel.results_box._dom_classes
+    assert "block_size=8, num_blocks=64" in panel.status.value  # what is still shown
+    # The engine's advice ("lower max_tokens") names a knob the panel has no slider for;
+    # the panel's names its own sliders, with a value that works.
+    advice = panel.error.split(": move ")[1]
+    assert "max_tokens" not in panel.status.value
+    assert advice.startswith("num_blocks to ") and "block_size up" in advice, advice
+    enough = int(advice.removeprefix("num_blocks to ").split()[0])
+    panel.sliders["num_blocks"].value = enough - 4  # one step short: still refused
+    assert panel.error is not None
+    panel.sliders["num_blocks"].value = enough
+    assert panel.error is None
+    assert "kvlab-stale" not in panel.results_box._dom_classes
+
+
+def test_a_refusal_with_no_num_blocks_on_the_slider_names_block_size_only(panel):
+    """A request longer than 512 blocks of block_size 1 (a model with a long context):
+    no num_blocks on the slider holds it, so only block_size is advised."""
+    from kvlab.measure.replay import TraceRequests
+
+    settings = replace(panel.settings, block_size=1, num_blocks=512)
+    llm = panel._replays.llm(settings, "continuous")
+    llm.engine.max_model_len = 2048  # the tiny model's context is 512 tokens
+    requests = TraceRequests([[1] * 600], [8], [0.0])
+    refusal = panel._replays.refusal(llm, requests)
+    assert refusal.startswith("r0 needs 608 KV blocks (600 prompt + 8 output tokens")
+    assert refusal.endswith("num_blocks=512: move block_size up (a block holds block_size tokens)")
+
+
+def test_quick_slider_moves_in_a_kernel_cost_one_replay(panel):
+    """In a kernel (a running event loop) each move waits DEBOUNCE_S for the next; the
+    last value wins. Three moves 50 ms apart: one replay (of three policies), not three."""
+    replays = panel.num_replays
+
+    async def three_quick_moves() -> None:
+        for value in (1, 2, 3):
+            panel.sliders["max_num_seqs"].value = value
+            await asyncio.sleep(0.05)
+        assert panel.num_replays == replays  # nothing yet: waiting for the next move
+        await asyncio.sleep(DEBOUNCE_S + 0.1)  # the replay runs in the loop, then this ends
+
+    asyncio.run(three_quick_moves())
+    assert panel.num_replays == replays + 3  # the selected policy, then the two others
+    assert panel.settings.max_num_seqs == 3
+
+
+def test_run_replays_at_once_and_drops_a_waiting_move(panel):
+    replays = panel.num_replays
+
+    async def move_then_run() -> None:
+        panel.sliders["max_num_seqs"].value = 2
+        panel.run()  # the button: at once, with the slider's new value
+        await asyncio.sleep(DEBOUNCE_S + 0.1)
+
+    asyncio.run(move_then_run())
+    assert panel.num_replays == replays + 3 and panel.settings.max_num_seqs == 2
+
+
+def test_the_pool_and_the_plots_share_a_row_with_the_gauge_over_the_map(panel):
+    assert list(panel.results_box.children) == [panel.pool, panel.plots]
+    assert list(panel.pool.children) == [panel.gauge, panel.page_map]
+    assert list(panel.plots.children) == [panel.plot, panel.comparison_plot]
+    # Compact: 16 requests' timeline and load in less than a laptop's notebook area.
+    assert BatchingPanel(run=False).figure is None
+    assert panel_figure(panel.results["continuous"], "t").layout.height < 400
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from kvlab.cache.base import CacheUsage
 from kvlab.widgets import MemoryGauge, PageMap, PoolSnapshot, StepView
 from kvlab.widgets.block_table_diagram import BlockTableDiagram
 from kvlab.widgets.static_figures import RENDERER, enable_static_figures, figure_png
+from kvlab.widgets.svg import FREE
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -58,7 +59,7 @@ def test_legend_names_exactly_the_states_drawn():
         "seq 1",
         "seq 2",
     ]
-    # A pool of full, unshared blocks and plain free ones: no cached, shared, pale or corner.
+    # A pool of full, unshared blocks and plain free ones: no cached, shared, hollow or corner.
     plain = [held_block(0, (0,), 0), held_block(1, (3,), 0), free_block(2)]
     pm.update(FakeCache(plain))
     assert [key for key, _ in pm.legend] == ["free", "seq 0", "seq 3"]
@@ -77,7 +78,7 @@ def test_svg_draws_one_cell_per_block_at_any_size():
     for n in (1, 8, 64, 512, 4096):
         blocks = [free_block(i) for i in range(n)]
         root = parse(PageMap(blocks).to_svg())
-        cells = [r for r in root.iter(f"{SVG}rect") if r.get("fill") == "#d4d4d4"]
+        cells = [r for r in root.iter(f"{SVG}rect") if r.get("fill") == FREE]
         assert len(cells) == n + 1  # and the legend's swatch
 
 

@@ -97,6 +97,19 @@ def test_page_map_counts_and_summary():
     assert repr(pm) == f"PageMap(paged: {pm.summary})"
 
 
+def test_page_map_cells_shrink_to_its_max_height_in_the_static_copy_too():
+    from kvlab.widgets.svg import grid_layout
+
+    assert grid_layout(512, 640) == (22, 29)  # 18 rows of 22 px: within the default 420
+    assert grid_layout(512, 640, max_height=140) == (12, 53)  # 10 rows of 12 px
+    pm = PageMap(FakeCache(big_pool(512, 8)))
+    tall = pm.to_svg()
+    pm.max_height = 140
+    short = pm.to_svg()
+    assert 'width="21"' in tall and 'width="21"' not in short  # 22 px cells, 1 px gap
+    assert 'width="11"' in short
+
+
 def test_page_map_takes_a_plain_list_in_any_order():
     blocks = small_pool()
     shuffled = random.Random(0).sample(blocks, len(blocks))
@@ -138,7 +151,10 @@ def test_seq_colors_are_stable_across_updates_and_distinct():
     pm.update()
     assert pm.colors == {"2": color_of_2, "3": seq_color(3)}
     assert PageMap([held_block(0, (2,), 0)]).colors["2"] == color_of_2
-    assert len({seq_color(s) for s in range(32)}) == 32
+    # Any twelve ids in a row get twelve colours; ids twelve apart share one (a dichromat
+    # cannot tell more apart: tests/test_colours.py).
+    assert all(len({seq_color(s) for s in range(k, k + 12)}) == 12 for k in range(24))
+    assert seq_color(5) == seq_color(17)
 
 
 def test_update_rereads_the_cache_and_sends_only_what_changed(monkeypatch):

@@ -44,6 +44,9 @@ PREEMPTED_COLOR = "#c0392b"
 SEATS_COLOR = "#111111"
 SWEEP_COLORS = ("#2b5d8c", "#f0a73a", "#7a4f9e", "#2e9e5b")
 PANEL_MARGIN = (60, 20)  # panel_figure's left and right margins, px
+PANEL_ROW_PX = 8  # panel_figure: the most px of one request's timeline row
+PANEL_TIMELINE_PX = 128  # panel_figure: the timeline's height, once rows are that small
+PANEL_LOAD_PX = 36  # panel_figure: each load plot's height
 
 
 def _request_labels(result: ReplayResult) -> list[str]:
@@ -289,8 +292,9 @@ def comparison_figure(results: dict[str, ReplayResult], title: str = "") -> go.F
     fig = make_subplots(
         rows=1,
         cols=3,
-        column_widths=[0.5, 0.25, 0.25],
-        subplot_titles=("latency (s)", "output tokens/s", "mean batch size"),
+        column_widths=[0.44, 0.28, 0.28],
+        horizontal_spacing=0.1,
+        subplot_titles=("latency (s)", "tokens/s", "mean batch"),
     )
     metrics = (("TTFT p99", "ttft_p99", "#a77fc2"), ("E2E p50", "e2e_p50", "#8fb3d9"))
     metrics += (("E2E p99", "e2e_p99", "#2b5d8c"),)
@@ -310,7 +314,7 @@ def comparison_figure(results: dict[str, ReplayResult], title: str = "") -> go.F
         barmode="group",
         title=title or "Policies compared on the same trace",
         height=360,
-        margin=dict(t=100, b=40, l=50, r=20),
+        margin=dict(t=70, b=40, l=50, r=20),
         legend=dict(orientation="h", y=-0.15),
     )
     return fig
@@ -491,13 +495,21 @@ def budget_figure(
 
 
 def panel_figure(result: ReplayResult, title: str) -> go.Figure:
-    """The panel's main plot: the timeline, and below it queue depth and KV usage."""
+    """The panel's main plot: the timeline, and below it queue depth and KV usage.
+
+    Compact, for the panel's column beside the KV pool on a laptop screen: each request's
+    row is at most ``PANEL_ROW_PX`` px (fewer for long traces), each load plot
+    ``PANEL_LOAD_PX``, and the legend sits in one band under the title.
+    """
+    n = len(result.outputs)
+    row_px = max(3, min(PANEL_ROW_PX, PANEL_TIMELINE_PX // max(n, 1)))
+    rows_px = [row_px * n, PANEL_LOAD_PX, PANEL_LOAD_PX]
     fig = make_subplots(
         rows=3,
         cols=1,
         shared_xaxes=True,
-        row_heights=[0.6, 0.2, 0.2],
-        vertical_spacing=0.06,
+        row_heights=rows_px,
+        vertical_spacing=0.07,
         subplot_titles=("who runs when", "requests running / waiting", "KV usage (%)"),
     )
     add_timeline(fig, result, row=1)
@@ -518,20 +530,33 @@ def panel_figure(result: ReplayResult, title: str) -> go.Figure:
         col=1,
     )
     ends = [o.metrics.arrival_time + o.metrics.e2e for o in result.outputs]
-    height = 330 + 22 * len(result.outputs)
+    top, bottom = 84, 40
+    height = top + bottom + round(sum(rows_px) / (1 - 2 * 0.07))
     fig.update_layout(
         barmode="overlay",
-        title=dict(text=title, y=1 - 28 / height, yanchor="top", yref="container"),
+        title=dict(text=title, y=1 - 8 / height, yanchor="top", yref="container"),
         height=height,
-        margin=dict(t=130, b=40, l=PANEL_MARGIN[0], r=PANEL_MARGIN[1]),
-        # Above the plots, under the title: a legend at the side would narrow the plots
+        margin=dict(t=top, b=bottom, l=PANEL_MARGIN[0], r=PANEL_MARGIN[1]),
+        # Under the title, above the plots: a legend at the side would narrow the plots
         # by its own width, which time_axis_px could not know.
-        legend=dict(orientation="h", y=1 - 70 / height, yanchor="top", yref="container", x=0),
+        legend=dict(
+            orientation="h",
+            y=1 - 36 / height,
+            yanchor="top",
+            yref="container",
+            x=0,
+            font_size=11,
+        ),
+        font_size=11,
     )
+    fig.update_annotations(font_size=12)  # the subplots' titles
+    # Every other request named once rows are too thin for a label each.
+    labels = _request_labels(result)[:: -(-10 // row_px)]
+    fig.update_yaxes(tickvals=labels, tickfont_size=9, row=1, col=1)
     # A fixed time range (not plotly's autorange), so that time_axis_px knows where a
     # moment is drawn.
     fig.update_xaxes(range=[0, 1.02 * max(ends + times + [0.001])])
-    fig.update_xaxes(title_text="time (s, simulated)", row=3, col=1)
+    fig.update_xaxes(title_text="time (s, simulated)", title_standoff=4, row=3, col=1)
     return fig
 
 

@@ -23,6 +23,8 @@ import ipywidgets as widgets
 from kvlab.engine.scheduler_config import SCHEDULING_MODES
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+NUM_BLOCKS = (4, 512, 4)  # the num_blocks slider: lowest, highest, step
+SLIDER_WIDTH = "305px"
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class PanelSettings:
         check_number("batch_timeout", self.batch_timeout, 0, 2)
         if self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool):
             refuse("block_size", self.block_size, f"one of {BLOCK_SIZES}")
-        check_number("num_blocks", self.num_blocks, 4, 512, integer=True)
+        check_number("num_blocks", self.num_blocks, *NUM_BLOCKS[:2], integer=True)
         check_number("max_num_batched_tokens", self.max_num_batched_tokens, 16, 512, integer=True)
         check_number("arrival_rate", self.arrival_rate, 0.5, 50)
 
@@ -79,11 +81,11 @@ def check_number(name: str, value, low, high, integer: bool = False) -> None:
 
 def sliders(settings: PanelSettings) -> dict[str, widgets.Widget]:
     """One slider per knob, at the values of ``settings``; none replays while dragged."""
-    # Two columns of 415 px fit JupyterLab's output area beside its file browser (about
-    # 850 px); a narrower area wraps them, so that no column hides the other's readouts.
-    style = {"description_width": "185px"}
-    layout = widgets.Layout(width="415px")
-    common = dict(continuous_update=False, style=style, layout=layout)
+    # Three columns of 305 px fit JupyterLab's output area beside its file browser on a
+    # 1366 px laptop (about 930 px); the panel's grid wraps them in a narrower area.
+    # Each name as wide as it needs ("initial"), so that short names leave a longer track.
+    style = {"description_width": "initial"}
+    common = dict(continuous_update=False, style=style, layout=widgets.Layout(width=SLIDER_WIDTH))
     return {
         "max_num_seqs": widgets.IntSlider(
             value=settings.max_num_seqs, min=1, max=16, description="max_num_seqs", **common
@@ -101,7 +103,12 @@ def sliders(settings: PanelSettings) -> dict[str, widgets.Widget]:
             value=settings.block_size, options=BLOCK_SIZES, description="block_size", **common
         ),
         "num_blocks": widgets.IntSlider(
-            value=settings.num_blocks, min=4, max=512, step=4, description="num_blocks", **common
+            value=settings.num_blocks,
+            min=NUM_BLOCKS[0],
+            max=NUM_BLOCKS[1],
+            step=NUM_BLOCKS[2],
+            description="num_blocks",
+            **common,
         ),
         "max_num_batched_tokens": widgets.IntSlider(
             value=settings.max_num_batched_tokens,

@@ -20,6 +20,15 @@ budget's slider trades those stalls against the long prompts' TTFT
     load          running and waiting requests and KV usage over time (selected policy)
     comparison    TTFT p99, E2E p50/p99, tokens/s and mean batch size of all three policies
 
+Laid out for a 1366x768 laptop (533 px tall in JupyterLab beside its file browser): the
+buttons, the step slider and the knobs on top; under them the KV pool (the gauge over the
+map, kept at most ``MAP_MAX_HEIGHT`` px tall, so that a large pool's map never pushes the
+gauge down) beside the plots, which share one place in tabs (timeline and load; the three
+policies). Quick slider moves cost one replay: in a kernel the replay waits ``DEBOUNCE_S``
+after the last move, so the last value wins (``run`` and ``set`` replay at once). A
+refused replay (a trace that cannot fit the pool) greys out the last results and names the
+sliders that would let it fit.
+
 Where no kernel runs it (GitHub, nbviewer), its output shows the replay animated: the
 timeline, a marker that moves along its time axis, and the KV pool at that moment
 (``to_animation``).
@@ -44,6 +53,7 @@ measures that separately.
 
 from __future__ import annotations
 
+import asyncio
 import html
 from dataclasses import replace
 
@@ -59,11 +69,23 @@ from kvlab.widgets.batching_figures import (
     show_figure,
     time_axis_px,
 )
-from kvlab.widgets.batching_knobs import PanelSettings, sliders
+from kvlab.widgets.batching_knobs import SLIDER_WIDTH, PanelSettings, sliders
 from kvlab.widgets.batching_replays import BatchingReplays
 from kvlab.widgets.static_figures import figure_png
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 from kvlab.widgets.svg import with_static_copy
+
+DEBOUNCE_S = 0.3  # a slider move waits this long for the next before it replays
+MAP_MAX_HEIGHT = 112  # px, 480 wide: 64 blocks keep 28 px cells, 512 shrink to 10 px
+POOL_WIDTH = "480px"  # the KV pool's column; the plots take the rest of the row
+# The panel's own CSS, in a hidden HTML widget (ipywidgets' layouts have no opacity):
+# stale results greyed out, a smaller status line, thin padding around the plots.
+PANEL_CSS = """<style>
+.kvlab-batching-panel .kvlab-stale { opacity: 0.35; filter: grayscale(1); }
+.kvlab-batching-panel .kvlab-batching-status { font-size: 12px; line-height: 1.35; }
+.kvlab-batching-panel .kvlab-batching-status .widget-html-content { line-height: 1.35; }
+.kvlab-batching-panel .widget-tab-contents { padding: 4px !important; }
+</style>"""
 
 
 class BatchingPanel(widgets.VBox):
@@ -93,6 +115,8 @@ class BatchingPanel(widgets.VBox):
         pool: the KV pool's ``StepView``, live during a replay, then its recording;
             ``page_map``, ``gauge`` and ``step_slider`` are its parts.
         sliders: name -> slider; ``scheduling``, ``step_slider``, ``run_button``, ``status``.
+        results_box: the pool and the plots (CSS class ``kvlab-stale`` while they show
+            the last replay, not the controls' values).
         error: why the last replay did not run (a bad combination of values), else None.
         num_replays: replays done (a test hook).
     """
@@ -137,6 +161,7 @@ class BatchingPanel(widgets.VBox):
         self.num_replays = 0
         self._snapshots: list[PoolSnapshot] = []
         self._quiet = False
+        self._pending: asyncio.TimerHandle | None = None
         super().__init__(children=self._build())
         self.add_class("kvlab-batching-panel")
         if run:
@@ -146,7 +171,10 @@ class BatchingPanel(widgets.VBox):
 
     def _build(self) -> list[widgets.Widget]:
         self.scheduling = widgets.ToggleButtons(
-            options=SCHEDULING_MODES, value=self.settings.scheduling, description="scheduling"
+            options=SCHEDULING_MODES,
+            value=self.settings.scheduling,
+            style={"button_width": "92px"},
+            layout=widgets.Layout(width="auto"),
         )
         self.scheduling.add_class("kvlab-toggle-scheduling")
         self.sliders = sliders(self.settings)
@@ -154,7 +182,9 @@ class BatchingPanel(widgets.VBox):
             slider.add_class(f"kvlab-slider-{name}")
             slider.observe(self._on_knob, names="value")
         self.scheduling.observe(self._on_knob, names="value")
-        self.run_button = widgets.Button(description="replay", icon="play")
+        self.run_button = widgets.Button(
+            description="replay", icon="play", layout=widgets.Layout(width="100px")
+        )
         self.run_button.add_class("kvlab-run-button")
         self.run_button.on_click(lambda _: self.run())
         self.status = widgets.HTML("not run yet")
@@ -163,29 +193,50 @@ class BatchingPanel(widgets.VBox):
         self.plot.add_class("kvlab-batching-plot")
         self.comparison_plot = widgets.Output()
         self.comparison_plot.add_class("kvlab-batching-comparison")
+        self.plots = widgets.Tab(
+            [self.plot, self.comparison_plot],
+            titles=("timeline and load", "the three policies"),
+            layout=widgets.Layout(flex="1 1 420px", min_width="0"),
+        )
         # The KV pool: drawn live during a replay, then a recording to step through.
         self.pool = StepView([], weight_bytes=self._replays.weight_bytes)
         self.pool.page_map.add_class("kvlab-batching-page-map")
+        self.pool.page_map.max_height = MAP_MAX_HEIGHT
         self.page_map, self.gauge = self.pool.page_map, self.pool.gauge
         self.step_slider = self.pool.slider
-        names = list(self.sliders)
-        controls = widgets.HBox(
-            [
-                widgets.VBox([self.sliders[n] for n in names[:3]]),
-                widgets.VBox([self.sliders[n] for n in names[3:]]),
-            ],
-            layout=widgets.Layout(flex_flow="row wrap"),
+        step_row = self._compact_pool()
+        controls = widgets.GridBox(
+            list(self.sliders.values()),
+            layout=widgets.Layout(grid_template_columns=f"repeat(auto-fill, {SLIDER_WIDTH})"),
         )
-        # The pool right under the sliders: both fit a 1,000 px window, so a learner sees
-        # the map change as a slider moves; the tall timeline comes after.
+        self.results_box = widgets.HBox(
+            [self.pool, self.plots],
+            layout=widgets.Layout(flex_flow="row wrap", align_items="flex-start"),
+        )
+        css = widgets.HTML(PANEL_CSS, layout=widgets.Layout(display="none"))
+        wrap = widgets.Layout(flex_flow="row wrap", align_items="center")
         return [
-            self.scheduling,
+            widgets.HBox(
+                [widgets.Label("scheduling"), self.scheduling, self.run_button, step_row, css],
+                layout=wrap,
+            ),
             controls,
-            widgets.HBox([self.run_button, self.status]),
-            self.pool,
-            self.plot,
-            self.comparison_plot,
+            self.status,
+            self.results_box,
         ]
+
+    def _compact_pool(self) -> widgets.Widget:
+        """The pool in a column beside the plots, the gauge above the map, so that a large
+        pool's tall map never pushes the gauge off screen; its step slider goes up to the
+        row of buttons (see ``_build``)."""
+        step_row, page_map, gauge = self.pool.children
+        self.pool.play.show_repeat = False
+        self.step_slider.layout.width = "260px"
+        self.step_slider.style.description_width = "40px"
+        self.pool.children = (gauge, page_map)
+        self.pool.layout.width = POOL_WIDTH
+        self.pool.layout.margin = "0 12px 0 0"
+        return step_row
 
     # ---- replays -----------------------------------------------------------------------
 
@@ -202,7 +253,8 @@ class BatchingPanel(widgets.VBox):
         self.run()
 
     def run(self) -> None:
-        """Replay the trace with the controls' values; show the outcome or why it failed."""
+        """Replay the trace with the controls' values now; show the outcome or why not."""
+        self._cancel_pending()
         try:
             settings = self._read_controls()
             requests = self._replays.requests(settings.arrival_rate)
@@ -213,13 +265,25 @@ class BatchingPanel(widgets.VBox):
             for policy in others:
                 results[policy] = self._replay(settings, policy, requests, live=False)
         except ValueError as error:
-            self.error = str(error)
-            self._set_status(f"<b>Not replayed:</b> {html.escape(self.error)}")
+            self._refuse(str(error))
             return
         self.error = None
+        self.results_box.remove_class("kvlab-stale")
         self.settings = settings
         self.results = {p: results[p] for p in SCHEDULING_MODES if p in results}
         self._draw()
+
+    def _refuse(self, reason: str) -> None:
+        """Say why the controls' values were not replayed, and grey out the last results
+        (they belong to other values)."""
+        self.error = reason
+        shown = (
+            f" Greyed out: the last replay ({html.escape(self.settings.describe())})."
+            if self.results
+            else ""
+        )
+        self._set_status(f"<b>Not replayed:</b> {html.escape(reason)}.{shown}")
+        self.results_box.add_class("kvlab-stale")
 
     def _read_controls(self) -> PanelSettings:
         values = {name: slider.value for name, slider in self.sliders.items()}
@@ -229,6 +293,9 @@ class BatchingPanel(widgets.VBox):
         self, settings: PanelSettings, policy: str, requests: TraceRequests, live: bool
     ) -> ReplayResult:
         llm = self._replays.llm(settings, policy)
+        refusal = self._replays.refusal(llm, requests)
+        if refusal is not None:
+            raise ValueError(refusal)
         self.num_replays += 1
         if not live:
             return replay(llm, requests)
@@ -249,11 +316,11 @@ class BatchingPanel(widgets.VBox):
     def _draw(self) -> None:
         settings = self.settings
         result = self.results[settings.scheduling]
-        title = f"{settings.scheduling} batching<br><sub>{settings.describe()}</sub>"
-        self.figure = panel_figure(result, title)
+        # Short titles: the plots share a row with the pool, and the sliders show the values.
+        self.figure = panel_figure(result, f"{settings.scheduling} batching")
         show_figure(self.plot, self.figure)
         if len(self.results) > 1:
-            title = f"The three policies on the same trace<br><sub>{settings.describe()}</sub>"
+            title = "The three policies on the same trace"
             self.comparison = comparison_figure(self.results, title)
             show_figure(self.comparison_plot, self.comparison)
         self._set_status(html.escape(self.summary_text()))
@@ -282,7 +349,24 @@ class BatchingPanel(widgets.VBox):
 
     def _on_knob(self, change) -> None:
         if not self._quiet:
+            self._replay_soon()
+
+    def _replay_soon(self) -> None:
+        """Replay once for a burst of moves: in a kernel (a running event loop), DEBOUNCE_S
+        after the last move, so each move cancels the replay the one before it planned;
+        with no loop (a script, a test), at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
             self.run()
+            return
+        self._cancel_pending()
+        self._pending = loop.call_later(DEBOUNCE_S, self.run)
+
+    def _cancel_pending(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
 
     def to_animation(self) -> Animation | None:
         """The last replay as an animated PNG: the timeline, a marker under it that moves

@@ -5,7 +5,7 @@ trace (``kvlab.sim.trace.make_trace``: its size, length profile and seed), the c
 output lengths, the clock and the preemption options. For each replay it makes the
 trace's requests at the knobs' arrival rate (``requests``) and a fresh ``LLM`` set by the
 knobs (``llm``); the panel runs them (``kvlab.measure.replay.replay``) and draws what
-they did.
+they did, or says why the knobs cannot replay the trace (``refusal``).
 
 Every replay runs on a simulated clock, so its numbers are exact and repeatable: a
 ``ManualClock`` whose steps last ``step_seconds``, or with ``step_cost`` (a ``Roofline``,
@@ -26,7 +26,7 @@ from kvlab.engine.step_cost import StepCostClock
 from kvlab.measure.replay import TraceRequests, on_time_grid
 from kvlab.model.loading import load_model
 from kvlab.sim.trace import LENGTH_PROFILES, make_trace
-from kvlab.widgets.batching_knobs import PanelSettings, check_number, refuse
+from kvlab.widgets.batching_knobs import NUM_BLOCKS, PanelSettings, check_number, refuse
 
 
 class BatchingReplays:
@@ -104,6 +104,34 @@ class BatchingReplays:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             clock=self.clock(),
             **self.options,
+        )
+
+    def refusal(self, llm: LLM, requests: TraceRequests) -> str | None:
+        """Why ``llm`` cannot replay ``requests``, in the panel's words; None when it can.
+
+        The engine's own check (``check_request``) decides which requests can never run,
+        even alone; its advice ("lower max_tokens") names a knob the panel has no slider
+        for, so this names the sliders that would let the largest of them fit.
+        """
+        kv, max_model_len = llm.engine.kv, llm.engine.max_model_len
+        sizes = zip(requests.prompts, requests.max_tokens, strict=True)
+        refused = [
+            (i, len(prompt), max_tokens)
+            for i, (prompt, max_tokens) in enumerate(sizes)
+            if kv.check_request(len(prompt), max_tokens, max_model_len) is not None
+        ]
+        if not refused:
+            return None
+        i, prompt_len, max_tokens = max(refused, key=lambda r: min(r[1] + r[2], max_model_len))
+        need = kv.blocks_for(min(prompt_len + max_tokens, max_model_len))
+        lowest, highest, step = NUM_BLOCKS
+        enough = max(lowest, -(-need // step) * step)
+        fixes = [f"num_blocks to {enough} or more"] if enough <= highest else []
+        fixes.append("block_size up (a block holds block_size tokens)")
+        return (
+            f"r{i} needs {need} KV blocks ({prompt_len} prompt + {max_tokens} output tokens "
+            f"at block_size={kv.block_size}) but the pool has num_blocks={kv.num_blocks}: "
+            f"move {', or '.join(fixes)}"
         )
 
     def clock(self):

@@ -1,7 +1,8 @@
 // Memory gauge front end: the KV pool on a bar of its own scale, all memory on a thin bar
 // below, each with a legend. The model holds segments [{name, num_bytes, label, color, kv,
 // share}] left to right (memory_gauge.py); share is of the KV pool for kv segments, of all
-// memory for the others, so each legend has one base.
+// memory for the others, so each legend has one base. Colours come from Python (COLORS);
+// a hollow segment (reserved, unused) is a frame of its colour, as in the page map.
 
 const SYNCED = [
   "title", "device", "segments", "total_bytes", "total_label", "kv_label", "kv_share", "summary",
@@ -15,12 +16,20 @@ function el(tag, className, text) {
   return node;
 }
 
+// Filled with the segment's colour, or (hollow) framed in it: the CSS draws the frame in
+// currentColor.
+function paint(node, s) {
+  node.classList.toggle("kvlab-memory-gauge-hollow", Boolean(s.hollow));
+  if (s.hollow) node.style.color = s.color;
+  else node.style.background = s.color;
+}
+
 function drawBar(bar, segments) {
   const total = segments.reduce((sum, s) => sum + s.num_bytes, 0);
   const parts = segments.map((s) => {
     const part = el("div", "kvlab-memory-gauge-segment");
     part.dataset.segment = s.name;
-    part.style.background = s.color;
+    paint(part, s);
     part.style.width = `${total > 0 ? (100 * s.num_bytes) / total : 0}%`;
     if (s.num_bytes > 0) part.style.minWidth = `${MIN_VISIBLE_PX}px`;
     part.title = `${s.name}: ${s.label} (${(100 * s.share).toFixed(1)}%)`;
@@ -33,7 +42,7 @@ function drawLegend(legend, segments, extra) {
   const items = segments.map((s) => {
     const item = el("span", "kvlab-memory-gauge-item");
     const box = el("span", "kvlab-memory-gauge-swatch");
-    box.style.background = s.color;
+    paint(box, s);
     const pct = (100 * s.share).toFixed(1);
     item.append(box, document.createTextNode(`${s.name} ${s.label} (${pct}%)`));
     return item;

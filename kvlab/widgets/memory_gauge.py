@@ -34,21 +34,25 @@ import traitlets as t
 
 from kvlab.cache.base import CacheUsage
 from kvlab.memory import GIB, MIB
-from kvlab.widgets.svg import gauge_svg, with_static_copy
+from kvlab.widgets.svg import FREE, gauge_svg, with_static_copy
 
 _HERE = Path(__file__).parent
 KIB = 2**10
 
+# "KV free" is the page map's free grey: one colour, one meaning, in a view showing both.
+# "KV reserved, unused" is drawn hollow (``HOLLOW``), as a reserved cell of the map is, so
+# that it differs from used and free in shape too; tests/test_colours.py checks the rest.
 COLORS = {
     "weights": "#5b6b8c",
     "KV used": "#2e9e5b",
     "KV reserved, unused": "#f0a73a",
-    "KV free": "#cfe9dc",
+    "KV free": FREE,
     "other tensors": "#a77fc2",
     "torch cache": "#d7c3e6",
     "outside torch": "#8c8c8c",
     "device free": "#f4f4f4",
 }
+HOLLOW = frozenset({"KV reserved, unused"})
 
 
 def format_bytes(num_bytes: int) -> str:
@@ -96,6 +100,7 @@ class Segment:
     Attributes:
         kv: part of the KV pool (drawn on the pool's own bar too).
         share: of the KV pool for a KV stretch, of all memory for the others.
+        hollow: drawn as a frame of ``color`` rather than filled with it.
     """
 
     name: str
@@ -104,6 +109,7 @@ class Segment:
     color: str
     kv: bool
     share: float
+    hollow: bool = False
 
 
 def usage_of(source) -> CacheUsage:
@@ -153,9 +159,8 @@ def gauge_segments(
     for name, n in sizes.items():
         kv = name.startswith("KV ")
         base = usage.capacity_bytes if kv else total
-        segments.append(
-            Segment(name, n, format_bytes(n), COLORS[name], kv, n / base if base else 0.0)
-        )
+        share = n / base if base else 0.0
+        segments.append(Segment(name, n, format_bytes(n), COLORS[name], kv, share, name in HOLLOW))
     return segments
 
 

@@ -2,13 +2,10 @@
 // The model holds parallel lists indexed by block_id (see page_map.py): owner (first
 // holder's seq_id, null when free), ref_cnt, logical_index, num_filled, cached (0/1),
 // plus shared_seq_ids {block_id: holders}, colors {seq_id: css color} and legend
-// [[key, label]]: exactly the states drawn now, worked out in Python (legend_entries).
-
-const FREE = "#d4d4d4";
-const CACHED = "#cfe9dc";
-const CACHED_HATCH = "#5f9e80";
-const SHARED_OUTLINE = "#111111";
-const UNKNOWN_SEQ = "#888888";
+// [[key, label]]: exactly the states drawn now, worked out in Python (legend_entries), and
+// palette {free, cached, cached_hatch, outline, unknown_seq, background}: every colour this
+// file paints comes from Python (svg.PAGE_MAP_COLORS), where tests/test_colours.py checks
+// it; none is written here.
 const MIN_CELL = 4; // below this a cell stops being readable; the canvas grows taller instead
 const MAX_CELL = 28;
 const MAX_HEIGHT = 420;
@@ -16,14 +13,15 @@ const FALLBACK_WIDTH = 640; // before the output area has a width
 const MAX_WIDTH = 960;
 const SYNCED = [
   "title", "block_size", "num_blocks", "owner", "ref_cnt", "logical_index",
-  "num_filled", "cached", "shared_seq_ids", "colors", "legend", "summary",
+  "num_filled", "cached", "shared_seq_ids", "colors", "legend", "summary", "palette",
+  "max_height",
 ];
 
-// Biggest cell whose grid fits MAX_HEIGHT at this width.
-function layout(numBlocks, width) {
+// Biggest cell whose grid fits maxHeight (MAX_HEIGHT unless the widget says) at this width.
+function layout(numBlocks, width, maxHeight = MAX_HEIGHT) {
   for (let cell = MAX_CELL; cell > MIN_CELL; cell--) {
     const cols = Math.max(1, Math.floor(width / cell));
-    if (Math.ceil(numBlocks / cols) * cell <= MAX_HEIGHT) return { cell, cols };
+    if (Math.ceil(numBlocks / cols) * cell <= maxHeight) return { cell, cols };
   }
   return { cell: MIN_CELL, cols: Math.max(1, Math.floor(width / MIN_CELL)) };
 }
@@ -39,12 +37,12 @@ function fillFraction(s, i) {
   return Math.min(1, s.num_filled[i] / s.block_size);
 }
 
-function hatch(ctx, x, y, size) {
+function hatch(ctx, x, y, size, palette) {
   ctx.save();
   ctx.beginPath();
   ctx.rect(x, y, size, size);
   ctx.clip();
-  ctx.strokeStyle = CACHED_HATCH;
+  ctx.strokeStyle = palette.cached_hatch;
   ctx.lineWidth = 1;
   ctx.beginPath();
   for (let d = -size; d < size; d += 4) {
@@ -55,9 +53,9 @@ function hatch(ctx, x, y, size) {
   ctx.restore();
 }
 
-function drawSharedMark(ctx, x, y, size, refCnt) {
+function drawSharedMark(ctx, x, y, size, refCnt, palette) {
   const lw = size >= 10 ? 2 : 1;
-  ctx.strokeStyle = SHARED_OUTLINE;
+  ctx.strokeStyle = palette.outline;
   ctx.lineWidth = lw;
   ctx.strokeRect(x + lw / 2, y + lw / 2, size - lw, size - lw);
   if (size < 14) return;
@@ -65,44 +63,51 @@ function drawSharedMark(ctx, x, y, size, refCnt) {
   ctx.textAlign = "center";
   ctx.textBaseline = "middle";
   ctx.lineWidth = 3;
-  ctx.strokeStyle = "#ffffff";
+  ctx.strokeStyle = palette.background;
   ctx.strokeText(String(refCnt), x + size / 2, y + size / 2 + 1);
-  ctx.fillStyle = SHARED_OUTLINE;
+  ctx.fillStyle = palette.outline;
   ctx.fillText(String(refCnt), x + size / 2, y + size / 2 + 1);
 }
 
 // Draws block i; adds the legend keys of what it drew to `drawn` (a Set), so that the
 // browser test can compare the legend (worked out in Python) with what was painted.
 function drawCell(ctx, s, i, x, y, size, drawn) {
+  const palette = s.palette;
   const seq = s.owner[i];
   if (seq === null || seq === undefined) {
-    ctx.fillStyle = s.cached[i] ? CACHED : FREE;
+    ctx.fillStyle = s.cached[i] ? palette.cached : palette.free;
     ctx.fillRect(x, y, size, size);
-    if (s.cached[i] && size >= 6) hatch(ctx, x, y, size);
+    // Hatched at every size: cached and free differ little in colour for some readers.
+    if (s.cached[i]) hatch(ctx, x, y, size, palette);
     drawn.add(s.cached[i] ? "cached" : "free");
     return;
   }
-  // A shared block shows every holder: one vertical stripe each.
+  // A shared block shows every holder: one vertical stripe each. A stripe is solid up to
+  // its fill level; a reserved one is hollow above it, framed in the holder's colour, so
+  // that it differs from a free cell in shape, not only in colour (as svg.py draws it).
   const holders = s.shared_seq_ids[String(i)] || [seq];
   const stripe = size / holders.length;
   const frac = fillFraction(s, i);
   const filled = Math.round(size * frac);
+  const lw = size >= 14 ? 2 : 1; // svg.frame_px
   if (frac < 1) drawn.add("reserved");
   holders.forEach((holder, k) => {
     drawn.add(`seq ${holder}`);
-    ctx.fillStyle = s.colors[String(holder)] || UNKNOWN_SEQ;
+    const color = s.colors[String(holder)] || palette.unknown_seq;
     const sx = x + k * stripe;
     if (frac < 1) {
-      // Reserved but not (fully) written: a pale cell, solid up to the fill level.
-      ctx.globalAlpha = 0.3;
+      ctx.fillStyle = palette.background;
       ctx.fillRect(sx, y, stripe, size);
-      ctx.globalAlpha = 1;
+      ctx.strokeStyle = color;
+      ctx.lineWidth = lw;
+      ctx.strokeRect(sx + lw / 2, y + lw / 2, stripe - lw, size - lw);
     }
+    ctx.fillStyle = color;
     ctx.fillRect(sx, y + size - filled, stripe, filled);
   });
   if (s.cached[i] && size >= 10) {
     // A held block that already has a block_hash: a small white corner.
-    ctx.fillStyle = "#ffffff";
+    ctx.fillStyle = palette.background;
     ctx.beginPath();
     ctx.moveTo(x + size, y);
     ctx.lineTo(x + size - size / 3, y);
@@ -113,21 +118,21 @@ function drawCell(ctx, s, i, x, y, size, drawn) {
   if (s.ref_cnt[i] > 1 && !s.block_size) {
     // A contiguous arena's cell where two ranges meet: dashed, no count (no sharing).
     ctx.save();
-    ctx.strokeStyle = SHARED_OUTLINE;
+    ctx.strokeStyle = palette.outline;
     ctx.lineWidth = 2;
     ctx.setLineDash([3, 2]);
     ctx.strokeRect(x + 1, y + 1, size - 2, size - 2);
     ctx.restore();
     drawn.add("meet");
   } else if (s.ref_cnt[i] > 1) {
-    drawSharedMark(ctx, x, y, size, s.ref_cnt[i]);
+    drawSharedMark(ctx, x, y, size, s.ref_cnt[i], palette);
     drawn.add("shared");
   }
 }
 
 function drawMap(canvas, s, width) {
   const n = s.num_blocks;
-  const { cell, cols } = layout(n, width);
+  const { cell, cols } = layout(n, width, s.max_height || MAX_HEIGHT);
   const rows = Math.max(1, Math.ceil(n / cols));
   const dpr = window.devicePixelRatio || 1;
   const cssW = Math.min(cols, Math.max(n, 1)) * cell;
@@ -167,18 +172,21 @@ function tooltipText(s, i) {
   return lines.join("\n");
 }
 
-// A contiguous arena's cell (lab 02), in that lab's words: no blocks, ref_cnt or hashes.
+// A contiguous arena's cell (lab 02), in that lab's words: slots in requests' ranges,
+// reserved or written; no blocks, ref_cnt, sharing or hashes.
 function arenaTooltipText(s, i) {
   const lines = [`cell ${i}`];
   const seq = s.owner[i];
-  if (seq === null || seq === undefined) return [...lines, "free"].join("\n");
+  if (seq === null || seq === undefined) return [...lines, "free: in no seq's range"].join("\n");
   const holders = s.shared_seq_ids[String(i)] || [seq];
   if (holders.length > 1) {
     lines.push(`the ranges of seq ${holders.join(" and seq ")} meet here`);
   } else {
-    lines.push(`reserved by seq ${seq}: cell ${s.logical_index[i]} of its range`);
+    lines.push(`in seq ${seq}'s range (its cell ${s.logical_index[i]})`);
   }
-  lines.push(`slots written ${s.num_filled[i]}`);
+  const written = s.num_filled[i];
+  const slots = `${written} slot${written === 1 ? "" : "s"} written`;
+  lines.push(written ? slots : "reserved: no slot written yet");
   return lines.join("\n");
 }
 
@@ -192,16 +200,24 @@ function swatch(label, style) {
   return item;
 }
 
-const SWATCHES = {
-  free: { background: FREE },
-  cached: {
-    background: `repeating-linear-gradient(135deg, ${CACHED} 0 2px, ${CACHED_HATCH} 2px 3px)`,
-  },
-  reserved: { background: "linear-gradient(to top, #888 33%, rgba(136, 136, 136, 0.3) 33%)" },
-  shared: { background: "#ffffff", outline: `2px solid ${SHARED_OUTLINE}`, outlineOffset: "-2px" },
-  meet: { background: "#ffffff", outline: `2px dashed ${SHARED_OUTLINE}`, outlineOffset: "-2px" },
-  hashed: { background: "linear-gradient(225deg, #ffffff 28%, #888 28%)" },
-};
+// The legend's swatch of each state, drawn as the map draws it (any seq: unknown_seq).
+function swatchStyle(key, p) {
+  const frame = (line) => ({ background: p.background, outline: line, outlineOffset: "-2px" });
+  return {
+    free: { background: p.free },
+    cached: {
+      background: `repeating-linear-gradient(135deg, ${p.cached} 0 2px, ${p.cached_hatch} 2px 3px)`,
+    },
+    reserved: {
+      background: `linear-gradient(to top, ${p.unknown_seq} 33%, ${p.background} 33%)`,
+      outline: `2px solid ${p.unknown_seq}`,
+      outlineOffset: "-2px",
+    },
+    shared: frame(`2px solid ${p.outline}`),
+    meet: frame(`2px dashed ${p.outline}`),
+    hashed: { background: `linear-gradient(225deg, ${p.background} 28%, ${p.unknown_seq} 28%)` },
+  }[key];
+}
 
 function drawLegend(legend, s) {
   const items = s.legend.map(([key, label]) => {
@@ -212,7 +228,8 @@ function drawLegend(legend, s) {
       return more;
     }
     const seq = key.startsWith("seq ") ? key.slice(4) : null;
-    const style = seq !== null ? { background: s.colors[seq] || UNKNOWN_SEQ } : SWATCHES[key];
+    const style = seq !== null
+      ? { background: s.colors[seq] || s.palette.unknown_seq } : swatchStyle(key, s.palette);
     const item = swatch(label, style);
     item.dataset.key = key;
     return item;

@@ -7,8 +7,12 @@ prefix-cache hit.
 
     cell = one block   colour = its holder's seq_id (a shared block: one stripe per holder)
     grey = free   light, hatched = free but cached   dark outline + number = ref_cnt > 1
-    pale with a solid bottom part = partly filled (num_filled / block_size)
-    white corner = a held block with a block_hash
+    hollow (a frame in the seq's colour), solid up to num_filled / block_size = reserved,
+    partly written   white corner = a held block with a block_hash
+
+Every colour is told apart by more than hue where a reader with a colour-vision deficiency
+would confuse it (tests/test_colours.py); the colours live in ``kvlab.widgets.svg``
+(``PAGE_MAP_COLORS``) and ``page_map_state.SEQ_PALETTE`` and are sent to the browser.
 
 The widget draws on a single ``<canvas>`` (one widget model, whatever the pool size) and
 takes any object with ``block_infos() -> list[BlockInfo]``, or the list itself. Python sends
@@ -31,10 +35,11 @@ import anywidget
 import traitlets as t
 
 from kvlab.widgets.page_map_state import BlockCounts, block_infos_of, encode_blocks
-from kvlab.widgets.svg import page_map_svg, with_static_copy
+from kvlab.widgets.svg import PAGE_MAP_COLORS, page_map_svg, with_static_copy
 
 _HERE = Path(__file__).parent
 _SVG_STATE = (
+    "max_height",
     "title",
     "block_size",
     "owner",
@@ -74,6 +79,9 @@ class PageMap(anywidget.AnyWidget):
     colors = t.Dict().tag(sync=True)
     legend = t.List().tag(sync=True)
     summary = t.Unicode("0 blocks").tag(sync=True)
+    palette = t.Dict(PAGE_MAP_COLORS).tag(sync=True)
+    # The grid's height at most, in px: the cells shrink to fit (a panel sets it lower).
+    max_height = t.Int(420).tag(sync=True)  # the state colours, as svg.py draws them
 
     def __init__(self, cache=None, title: str = "", block_size: int | None = None, **kwargs):
         super().__init__(title=title, block_size=block_size, **kwargs)

@@ -27,36 +27,47 @@ MAX_LEGEND_SEQS = 16
 _LEGEND_LABELS = {
     "free": "free",
     "cached": "free, cached (keeps its block_hash)",
-    "reserved": "pale: reserved, not yet written",
+    "reserved": "hollow: reserved, not yet written (solid: tokens written)",
     "shared": "outlined: shared (the number is ref_cnt)",
-    "meet": "dashed: two requests' ranges meet in this cell",
     "hashed": "white corner: has a block_hash",
+}
+# A contiguous arena (lab 02) in its own words: ranges of slots, no blocks, sharing or hashes.
+_ARENA_LABELS = {
+    **_LEGEND_LABELS,
+    "reserved": "hollow: in a seq's range, no token written yet",
+    "meet": "dashed: two requests' ranges meet in this cell",
 }
 _FIELDS = ("block_id", "ref_cnt", "seq_ids", "logical_index", "num_filled", "cached")
 
 
-# Okabe and Ito's palette, which readers with any common colour-vision deficiency can tell
-# apart (black is left for the shared-block outline). After seven ids the same hues come
-# back darker, then lighter, then darker still.
-_PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442")
-_SHADES = (1.0, 0.62, 1.45, 0.4, 1.8)
+# Twelve colours chosen for readers with and without a colour-vision deficiency: under
+# simulated deuteranopia and protanopia (and in normal vision) every two differ by a CIEDE2000
+# of at least 12, and each differs by as much from the colours the page map and the gauge
+# give to states (free grey, cached green, the outline's black, the gauge's green, orange and
+# slate); tests/test_colours.py checks it. No grey among them: grey means free. Neighbouring
+# ids, which usually run together, differ by 30 or more. More than twelve colours that far
+# apart do not exist for a dichromat, so id 12 takes id 0's colour again (the tooltip and the
+# legend still name each seq).
+SEQ_PALETTE = (
+    "#004499",
+    "#cc6600",
+    "#88ccff",
+    "#773355",
+    "#5577ff",
+    "#115500",
+    "#44aa99",
+    "#5522ff",
+    "#227755",
+    "#88dd99",
+    "#5599bb",
+    "#bb1133",
+)
 
 
 def seq_color(seq_id: int) -> str:
-    """A colour for ``seq_id`` that never changes between steps or widgets.
-
-    Ids 0-6 take the seven colours of a colour-blind-safe palette in an order where
-    neighbours differ in both hue and lightness; later ids repeat the hues in other shades,
-    so that 35 ids get 35 different colours.
-    """
-    base = _PALETTE[seq_id % len(_PALETTE)]
-    shade = _SHADES[(seq_id // len(_PALETTE)) % len(_SHADES)]
-    rgb = [int(base[i : i + 2], 16) for i in (1, 3, 5)]
-    if shade <= 1:
-        rgb = [round(c * shade) for c in rgb]
-    else:  # towards white
-        rgb = [round(c + (255 - c) * (shade - 1) / 1.2) for c in rgb]
-    return "#" + "".join(f"{c:02x}" for c in rgb)
+    """A colour for ``seq_id`` that never changes between steps or widgets: one of
+    ``SEQ_PALETTE``, in turn (ids 12 apart share a colour)."""
+    return SEQ_PALETTE[seq_id % len(SEQ_PALETTE)]
 
 
 @dataclass(frozen=True)
@@ -182,7 +193,8 @@ def legend_entries(blocks: Sequence, seqs: list[int], block_size: int | None) ->
     if block_size is None:
         # A contiguous arena's cells: two ranges meeting in a cell is not sharing.
         present["meet"] = present.pop("shared")
-    entries = [[key, _LEGEND_LABELS[key]] for key, shown in present.items() if shown]
+    labels = _LEGEND_LABELS if block_size is not None else _ARENA_LABELS
+    entries = [[key, labels[key]] for key, shown in present.items() if shown]
     entries += [[f"seq {s}", f"seq {s}"] for s in seqs[:MAX_LEGEND_SEQS]]
     if len(seqs) > MAX_LEGEND_SEQS:
         entries.append(["more", f"+{len(seqs) - MAX_LEGEND_SEQS} more seqs"])

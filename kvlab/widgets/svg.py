@@ -21,20 +21,37 @@ from html import escape
 
 WIDTH = 640
 FONT = 'font-family="sans-serif" font-size="12"'
+# The page map's state colours, here once: page_map.py sends them to page_map.js
+# (``PAGE_MAP_COLORS``), and tests/test_colours.py checks them under simulated colour-vision
+# deficiencies. Where two states collide in colour for some reader, a pattern tells them apart:
+# cached cells are hatched, reserved ones hollow (a frame in the seq's colour), shared ones
+# outlined in black.
 FREE = "#d4d4d4"
 CACHED = "#cfe9dc"
 CACHED_HATCH = "#5f9e80"
 SHARED_OUTLINE = "#111111"
-UNKNOWN_SEQ = "#888888"
+UNKNOWN_SEQ = "#888888"  # a seq without a colour; also the legend's "any seq" swatches
+BACKGROUND = "#ffffff"  # the inside of a reserved cell, the hash corner
+PAGE_MAP_COLORS = {
+    "free": FREE,
+    "cached": CACHED,
+    "cached_hatch": CACHED_HATCH,
+    "outline": SHARED_OUTLINE,
+    "unknown_seq": UNKNOWN_SEQ,
+    "background": BACKGROUND,
+}
 _MAX_CELL, _MIN_CELL, _MAX_HEIGHT = 28, 4, 420  # as in page_map.js
 _CHAR_PX = 6.2  # the width of one 12 px sans-serif character, on average
 
 
-def grid_layout(num_blocks: int, width: int = WIDTH) -> tuple[int, int]:
-    """(cell size in px, columns): the biggest cells whose grid fits 420 px at ``width``."""
+def grid_layout(
+    num_blocks: int, width: int = WIDTH, max_height: int = _MAX_HEIGHT
+) -> tuple[int, int]:
+    """(cell size in px, columns): the biggest cells whose grid fits ``max_height`` px at
+    ``width``."""
     for cell in range(_MAX_CELL, _MIN_CELL, -1):
         cols = max(1, width // cell)
-        if -(-num_blocks // cols) * cell <= _MAX_HEIGHT:
+        if -(-num_blocks // cols) * cell <= max_height:
             return cell, cols
     return _MIN_CELL, max(1, width // _MIN_CELL)
 
@@ -88,13 +105,21 @@ def _box(fill: str, extra: str = ""):
 
 
 def _reserved_box(x: float, y: float) -> str:
-    return _box("#888888", ' fill-opacity="0.3"')(x, y) + (
-        f'<rect x="{x:g}" y="{y + 8:g}" width="12" height="4" fill="#888888"/>'
+    """Hollow, solid up to a third: a frame in any seq's colour, as ``_cell`` draws one."""
+    return (
+        f'<rect x="{x:g}" y="{y + 8:g}" width="12" height="4" fill="{UNKNOWN_SEQ}"/>'
+        f'<rect x="{x + 1:g}" y="{y + 1:g}" width="10" height="10" fill="none" '
+        f'stroke="{UNKNOWN_SEQ}" stroke-width="2"/>'
     )
 
 
 def _hash_corner_box(x: float, y: float) -> str:
-    return _box("#888888")(x, y) + f'<path d="M{x + 12:g} {y:g}h-5l5 5z" fill="#ffffff"/>'
+    return _box(UNKNOWN_SEQ)(x, y) + f'<path d="M{x + 12:g} {y:g}h-5l5 5z" fill="{BACKGROUND}"/>'
+
+
+def frame_px(size: float) -> int:
+    """The width of a reserved cell's frame (as in page_map.js): thicker on bigger cells."""
+    return 2 if size >= 14 else 1
 
 
 # ---- page map --------------------------------------------------------------------------
@@ -104,7 +129,8 @@ def _cell(state: dict, i: int, x: int, y: int, size: int) -> list[str]:
     owner = state["owner"][i]
     cached = state["cached"][i]
     if owner is None:
-        fill = "url(#kvlab-hatch)" if cached and size >= 6 else (CACHED if cached else FREE)
+        # Hatched at every size: cached and free differ little in colour for some readers.
+        fill = "url(#kvlab-hatch)" if cached else FREE
         return [f'<rect x="{x}" y="{y}" width="{size}" height="{size}" fill="{fill}"/>']
     holders = state["shared_seq_ids"].get(str(i), [owner])
     colors = [state["colors"].get(str(s), UNKNOWN_SEQ) for s in holders]
@@ -112,16 +138,20 @@ def _cell(state: dict, i: int, x: int, y: int, size: int) -> list[str]:
     filled = state["num_filled"][i]
     frac = min(1.0, filled / block_size) if block_size else (1.0 if filled else 0.0)
     parts = []
-    # A shared block shows every holder: one vertical stripe each.
+    # A shared block shows every holder: one vertical stripe each. A stripe is solid up to
+    # its fill level; a reserved one is hollow above it, framed in the holder's colour, so
+    # that it differs from a free cell in shape, not only in colour.
     stripe = size / len(colors)
+    height = round(size * frac)
+    lw = frame_px(size)
     for k, color in enumerate(colors):
         sx = x + k * stripe
         if frac < 1:
             parts.append(
-                f'<rect x="{sx:g}" y="{y}" width="{stripe:g}" height="{size}" fill="{color}" '
-                'fill-opacity="0.3"/>'
+                f'<rect x="{sx + lw / 2:g}" y="{y + lw / 2:g}" width="{stripe - lw:g}" '
+                f'height="{size - lw:g}" fill="{BACKGROUND}" stroke="{color}" '
+                f'stroke-width="{lw}"/>'
             )
-        height = round(size * frac)
         if height:
             parts.append(
                 f'<rect x="{sx:g}" y="{y + size - height}" width="{stripe:g}" height="{height}" '
@@ -129,7 +159,9 @@ def _cell(state: dict, i: int, x: int, y: int, size: int) -> list[str]:
             )
     if cached and size >= 10:
         third = size / 3
-        parts.append(f'<path d="M{x + size} {y}h{-third:g}l{third:g} {third:g}z" fill="#ffffff"/>')
+        parts.append(
+            f'<path d="M{x + size} {y}h{-third:g}l{third:g} {third:g}z" fill="{BACKGROUND}"/>'
+        )
     if state["ref_cnt"][i] > 1 and block_size is None:
         # A contiguous arena's cell where two ranges meet: dashed, and no count (no sharing).
         parts.append(
@@ -146,7 +178,7 @@ def _cell(state: dict, i: int, x: int, y: int, size: int) -> list[str]:
             parts.append(
                 f'<text x="{x + size / 2:g}" y="{y + size / 2 + 4:g}" font-family="sans-serif" '
                 f'font-size="{size * 0.55:.0f}" font-weight="bold" text-anchor="middle" '
-                f'stroke="#ffffff" stroke-width="3" paint-order="stroke">'
+                f'stroke="{BACKGROUND}" stroke-width="3" paint-order="stroke">'
                 f"{state['ref_cnt'][i]}</text>"
             )
     return parts
@@ -160,9 +192,9 @@ def _legend_swatch(key: str, colors: dict):
         "free": _box(FREE),
         "cached": _box("url(#kvlab-hatch)"),
         "reserved": _reserved_box,
-        "shared": _box("#ffffff", f' stroke="{SHARED_OUTLINE}" stroke-width="2"'),
+        "shared": _box(BACKGROUND, f' stroke="{SHARED_OUTLINE}" stroke-width="2"'),
         "meet": _box(
-            "#ffffff", f' stroke="{SHARED_OUTLINE}" stroke-width="2" stroke-dasharray="3 2"'
+            BACKGROUND, f' stroke="{SHARED_OUTLINE}" stroke-width="2" stroke-dasharray="3 2"'
         ),
         "hashed": _hash_corner_box,
         "more": None,
@@ -175,11 +207,12 @@ def page_map_svg(state: dict, width: int = WIDTH) -> str:
     Args:
         state: the widget's synced lists (``PageMap.state_for_svg()``): ``title``,
             ``block_size``, ``owner``, ``ref_cnt``, ``num_filled``, ``cached``,
-            ``shared_seq_ids``, ``colors``, ``legend``, ``summary``.
-        width: pixels; the cells shrink to keep the grid at most 420 px tall.
+            ``shared_seq_ids``, ``colors``, ``legend``, ``summary``, and ``max_height``
+            (optional, 420 by default).
+        width: pixels; the cells shrink to keep the grid at most ``max_height`` px tall.
     """
     n = len(state["owner"])
-    cell, cols = grid_layout(n, width)
+    cell, cols = grid_layout(n, width, state.get("max_height", _MAX_HEIGHT))
     size = cell - 1 if cell >= 8 else cell
     body = [
         '<defs><pattern id="kvlab-hatch" width="4" height="4" patternUnits="userSpaceOnUse" '
@@ -214,11 +247,30 @@ def _bar(segments: list[dict], x: float, y: float, width: float, height: int) ->
         if not s["num_bytes"]:
             continue
         w = max(2.0, width * s["num_bytes"] / total)
-        parts.append(
-            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{height}" fill="{s["color"]}"/>'
-        )
+        if s.get("hollow"):
+            # Reserved but unused: a frame, as a reserved page map cell is drawn.
+            lw = min(2.0, w / 2)
+            parts.append(
+                f'<rect x="{x + lw / 2:.1f}" y="{y + lw / 2:g}" width="{w - lw:.1f}" '
+                f'height="{height - lw:g}" fill="none" stroke="{s["color"]}" '
+                f'stroke-width="{lw:g}"/>'
+            )
+        else:
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{height}" fill="{s["color"]}"/>'
+            )
         x += w
     return parts
+
+
+def _segment_box(segment: dict):
+    """A gauge legend's swatch: solid, or a frame for a hollow segment."""
+    if segment.get("hollow"):
+        return lambda x, y: (
+            f'<rect x="{x + 1:g}" y="{y + 1:g}" width="10" height="10" rx="1" fill="none" '
+            f'stroke="{segment["color"]}" stroke-width="2"/>'
+        )
+    return _box(segment["color"])
 
 
 def gauge_svg(state: dict, width: int = WIDTH, kv_only: bool = False) -> str:
@@ -243,7 +295,7 @@ def gauge_svg(state: dict, width: int = WIDTH, kv_only: bool = False) -> str:
     ]
     body += _bar(kv, 0, 24, width, 22)
     legend, y = _legend(
-        [(_box(s["color"]), f"{s['name']} {s['label']} ({s['share']:.1%})") for s in kv],
+        [(_segment_box(s), f"{s['name']} {s['label']} ({s['share']:.1%})") for s in kv],
         62,
         width,
     )
@@ -254,7 +306,7 @@ def gauge_svg(state: dict, width: int = WIDTH, kv_only: bool = False) -> str:
     body += _bar(state["segments"], 0, y + 6, width, 10)
     others = [s for s in state["segments"] if not s["kv"]]
     legend, y = _legend(
-        [(_box(s["color"]), f"{s['name']} {s['label']} ({s['share']:.1%})") for s in others]
+        [(_segment_box(s), f"{s['name']} {s['label']} ({s['share']:.1%})") for s in others]
         + [(None, f"and the KV pool ({state['kv_share']:.1%}), split as above")],
         y + 34,
         width,
