@@ -337,7 +337,7 @@ def _cache_failure(pool, ref_pool: BlockPool, step: Step):
         return None
     mine_ids, their_ids = _cached_ids(mine), _cached_ids(theirs)
     if mine_ids != their_ids:
-        detail = f"after {step.where}: cached blocks {mine_ids}, expected {their_ids}"
+        detail = f"after {step.where}: blocks listed in cached {mine_ids}, expected {their_ids}"
         return "cache", detail, _wrong_cached_blocks(mine, ref_pool, step)
     for h, blocks in theirs.items():
         if mine.get(h) != blocks and sorted(mine.get(h, ())) == sorted(blocks):
