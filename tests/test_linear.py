@@ -66,3 +66,15 @@ def test_decode_step_benchmark_times_every_method():
     model, _ = load_model("tiny", device="cpu")
     times = decode_step_times(model, batch_size=3, context=9, rounds=2, block_size=4)
     assert set(times) == set(METHODS) and all(t > 0 for t in times.values())
+
+
+def test_decode_step_by_part_times_each_part_and_leaves_the_rest_to_the_step():
+    from kvlab.measure.decode_step import PARTS, decode_step_parts, format_parts
+
+    model, _ = load_model("tiny", device="cpu")
+    times = decode_step_parts(model, batch_size=3, context=9, rounds=2, block_size=4)
+    assert set(times) == {"step", *PARTS, "rest"}
+    assert all(times[name] > 0 for name in ("step", *PARTS))
+    assert times["rest"] == pytest.approx(times["step"] - sum(times[name] for name in PARTS))
+    table = format_parts(3, times)
+    assert table.startswith("batch 3: kvlab's step") and all(name in table for name in PARTS)

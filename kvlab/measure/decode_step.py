@@ -23,6 +23,24 @@ kvlab's step, context and all, costs what the bare forward costs) and ``matmuls 
 
     python -m kvlab.measure.decode_step --threads 1
     python -m kvlab.measure.decode_step --batch-sizes 32 64 --context 256
+    python -m kvlab.measure.decode_step --batch-sizes 32 --threads 1 --by-part
+
+``--by-part`` also splits kvlab's step at each batch size into the parts an engine does
+besides its matrix multiplies, each timed alone on the step's own shapes in the same
+interleaved rounds (``decode_step_parts``):
+
+    matmuls       q|k|v, o, gate|up, down in every layer, and the LM head
+    attention     the backend over every sequence's context, every layer
+    K/V write     this step's keys and values into the cache, every layer
+    metadata      ``begin_step``: slots and block tables for the step
+    norms         the RMSNorms (two per layer and the final one)
+    rotary        the rotary embedding's angles, and q and k rotated
+    activation    SiLU(gate) * up
+    residual      the two residual adds per layer
+    rest          the step minus all of the above: embedding, views, Python between calls
+
+A part timed alone runs with warm caches and no neighbours, so the parts are estimates and
+``rest`` absorbs the difference.
 
 Every sequence holds ``--context`` tokens before the timed step, in blocks handed out a
 block per sequence in turn (as a server's decoding sequences grow), so that a sequence's
@@ -37,14 +55,17 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
 from kvlab.model.loading import load_model
-from kvlab.model.runner import ModelRunner
+from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
 METHODS = ("kvlab", "kvlab sdpa", "kvlab row-major", "matmuls only", "bare forward")
+PARTS = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "activation",
+         "residual")  # fmt: skip
 
 
 def decode_step_times(
@@ -84,6 +105,87 @@ def decode_step_times(
             steps[name]()
             seconds[name].append(time.perf_counter() - start)
     return {name: statistics.median(times) for name, times in seconds.items()}
+
+
+def decode_step_parts(
+    model, batch_size: int, context: int, rounds: int = 12, block_size: int = 16
+) -> dict[str, float]:
+    """Median seconds of kvlab's decode step ("step") and of each of its ``PARTS`` timed
+    alone on the step's shapes, and "rest": the step minus the parts."""
+    runner = ModelRunner(model, attention=fastest_backend(model.device))
+    config, generator = runner.config, torch.Generator().manual_seed(0)
+    cache = _filled_cache(runner, batch_size, context, block_size, generator)
+    batch = ForwardBatch.build(list(range(batch_size)), [context] * batch_size, [1] * batch_size)
+    input_ids = torch.randint(config.vocab_size, (batch_size,), generator=generator)
+    heads, kv_heads, head_dim = runner.num_heads, runner.num_kv_heads, runner.head_dim
+    hidden = torch.randn(batch_size, config.hidden_size, generator=generator)
+    gate, up = torch.randn(2, batch_size, config.intermediate_size, generator=generator)
+    qk = torch.randn(batch_size, heads + kv_heads, head_dim, generator=generator)
+    q = qk[:, :heads].contiguous()
+    k, v = torch.randn(2, batch_size, kv_heads, head_dim, generator=generator)
+    layers = list(zip(model.model.layers, range(config.num_hidden_layers), strict=True))
+    meta = cache.begin_step(batch)
+
+    def attention() -> None:
+        for _, index in layers:
+            runner.attention(q, index, meta, cache, runner.scale)
+
+    def kv_write() -> None:
+        for _, index in layers:
+            cache.write(index, meta, k, v)
+
+    def norms() -> None:
+        for layer, _ in layers:
+            rms_norm(hidden, layer.input_layernorm.weight, runner.eps)
+            rms_norm(hidden, layer.post_attention_layernorm.weight, runner.eps)
+        rms_norm(hidden, model.model.norm.weight, runner.eps)
+
+    def rotary() -> None:
+        cos, sin = runner.rotary(batch.positions)
+        for _ in layers:
+            apply_rotary(qk, cos, sin)
+
+    def activation() -> None:
+        for _ in layers:
+            F.silu(gate) * up
+
+    def residual() -> None:
+        for _ in layers:
+            hidden + hidden
+            hidden + hidden
+
+    parts = {
+        "matmuls": _matmuls(runner, batch_size, generator),
+        "attention": attention,
+        "K/V write": kv_write,
+        "metadata": lambda: cache.begin_step(batch),
+        "norms": norms,
+        "rotary": rotary,
+        "activation": activation,
+        "residual": residual,
+    }
+    timed = {"step": _step(runner, input_ids, batch, cache), **parts}
+    seconds: dict[str, list[float]] = {name: [] for name in timed}
+    with torch.inference_mode():
+        for run in timed.values():
+            run()  # warm up
+        for _ in range(rounds):
+            for name, run in timed.items():
+                start = time.perf_counter()
+                run()
+                seconds[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(times) for name, times in seconds.items()}
+    medians["rest"] = medians["step"] - sum(medians[name] for name in PARTS)
+    return medians
+
+
+def format_parts(batch_size: int, medians: dict[str, float]) -> str:
+    """One table: each part's milliseconds and its share of the step."""
+    step = medians["step"]
+    lines = [f"batch {batch_size}: kvlab's step {1e3 * step:.1f} ms, by part (each timed alone)"]
+    for name in (*PARTS, "rest"):
+        lines.append(f"  {name:<12}{1e3 * medians[name]:>8.1f} ms{medians[name] / step:>7.0%}")
+    return "\n".join(lines)
 
 
 def _filled_cache(runner, batch_size, context, block_size, generator) -> PagedKVCache:
@@ -137,6 +239,9 @@ def main(argv=None) -> None:
     parser.add_argument("--context", type=int, default=128, help="tokens each sequence holds")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--by-part", action="store_true", help="also split kvlab's step into its parts"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -151,6 +256,13 @@ def main(argv=None) -> None:
         cells = "".join(f"{times[name] * 1e3:>16.1f}" for name in METHODS)
         bare, matmuls = (times[name] / times["kvlab"] for name in ("bare forward", "matmuls only"))
         print(f"{batch_size:>5}{cells}{bare:>16.2f}{matmuls:>16.2f}")
+    if args.by_part:
+        for batch_size in args.batch_sizes:
+            print(
+                format_parts(
+                    batch_size, decode_step_parts(model, batch_size, args.context, args.rounds)
+                )
+            )
 
 
 if __name__ == "__main__":

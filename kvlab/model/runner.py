@@ -94,17 +94,17 @@ class ModelRunner:
         """
         meta = cache.begin_step(batch)
         x = self.model.embed_tokens(input_ids)  # (num_tokens, hidden)
-        cos, sin = self._rotary(batch.positions)  # (num_tokens, head_dim)
+        cos, sin = self.rotary(batch.positions)  # (num_tokens, head_dim)
         layers = zip(self.model.layers, self.weights.layers, strict=True)
         for index, (layer, weights) in enumerate(layers):
             x = x + self._attention_block(layer, weights, index, x, cos, sin, meta, cache)
             x = x + self._mlp_block(layer, weights, x)
         last_rows = batch.query_start_loc[1:] - 1
-        x = _rms_norm(x[last_rows], self.model.norm.weight, self.eps)
+        x = rms_norm(x[last_rows], self.model.norm.weight, self.eps)
         return self.weights.lm_head(x)
 
     def _attention_block(self, layer, weights, index, x, cos, sin, meta, cache):
-        h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
+        h = rms_norm(x, layer.input_layernorm.weight, self.eps)
         num_tokens = h.shape[0]
         # Project, then split the hidden vector into heads: (num_tokens, heads, head_dim).
         qkv = weights.qkv_proj(h)  # (num_tokens, (heads + 2 kv_heads) * head_dim)
@@ -112,7 +112,7 @@ class ModelRunner:
         qk = qkv[:, : num_qk_heads * self.head_dim].view(num_tokens, num_qk_heads, self.head_dim)
         v = qkv[:, num_qk_heads * self.head_dim :].view(num_tokens, -1, self.head_dim)
         # Rotate q and k by their positions, side by side in one pass; v carries no position.
-        qk = _apply_rotary(qk, cos, sin)
+        qk = apply_rotary(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         # The KV cache at work: store k and v, then attend over everything stored so far.
         cache.write(index, meta, k, v)
@@ -120,11 +120,12 @@ class ModelRunner:
         return weights.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def _mlp_block(self, layer, weights, x):
-        h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
+        h = rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
         gate, up = weights.gate_up_proj.split(h)
         return weights.down_proj(F.silu(gate) * up)
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of every position's rotary angles, each (num_tokens, head_dim)."""
         freqs = positions[:, None].float() * self.inv_freq[None, :].float()
         angles = torch.cat([freqs, freqs], dim=-1)  # (num_tokens, head_dim)
         cos = (angles.cos() * self.rope_scaling).to(self.dtype)
@@ -143,14 +144,14 @@ def _attention_backend(attention: str | AttentionFn) -> AttentionFn:
     return ATTENTION_BACKENDS[attention]
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalize in float32 (as transformers does), then scale in the model's dtype.
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
 
 
-def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: (num_tokens, heads, head_dim); rotate pairs (i, i + head_dim/2).
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
