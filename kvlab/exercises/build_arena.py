@@ -40,6 +40,7 @@ from kvlab.exercises.grading import (
     Hint,
     Report,
     Verdict,
+    check_calls,
     hint,
     one_torch_thread,
     show_ops,
@@ -118,26 +119,9 @@ def check_arena(
 
 
 def check_written(arena_class) -> Verdict:
-    """The first criterion: every method runs on a fresh arena. A call that raises is shown
-    after the calls that came before it: the bug may be in one of those."""
+    """The first criterion: every method runs on a fresh arena."""
     calls = (("holes", ()), ("reserve", (0, 4)), ("holes", ()), ("free", (0,)), ("holes", ()))
-    try:
-        arena = arena_class(NUM_SLOTS)
-    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
-    done = []
-    for name, args in calls:
-        call = f"{name}({', '.join(map(str, args))})"
-        try:
-            getattr(arena, name)(*args)
-        except NotImplementedError:
-            return Verdict("written", False, f"{name}() is not written yet")
-        except Exception as error:  # noqa: BLE001
-            before = f", after {'; '.join(done)}" if done else ""
-            detail = f"{call} raised {type(error).__name__}: {error} (on a fresh arena{before})"
-            return Verdict("written", False, detail)
-        done.append(call)
-    return Verdict("written", True)
+    return check_calls(lambda: arena_class(NUM_SLOTS), calls, "arena")
 
 
 def check_generation(arena_class, model, prompts) -> Verdict:

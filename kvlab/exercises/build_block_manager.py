@@ -47,6 +47,7 @@ from kvlab.exercises.grading import (
     Hint,
     Report,
     Verdict,
+    check_calls,
     hint,
     show_ops,
     shrunk_failures,
@@ -136,36 +137,25 @@ def check_block_manager(
 
 
 def check_written(manager_class) -> Verdict:
-    """The first criterion: every method runs on a fresh manager. A call that raises is
-    shown after the calls that came before it: the bug may be in one of those."""
+    """The first criterion: every method runs on a fresh manager; a fork that leaves its
+    child no token count is named if a later call fails on it."""
     calls = (
         ("allocate_slots", (0, 5)),
         ("slot_mapping", (0, 0, 5)),
         ("fork", (0, 1)),
         ("free", (1,)),
     )
-    try:
-        manager = manager_class(NUM_BLOCKS, BLOCK_SIZE)
-    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
-    done, why = [], ""
-    for name, args in calls:
-        call = f"{name}({', '.join(map(str, args))})"
-        try:
-            getattr(manager, name)(*args)
-        except NotImplementedError:
-            return Verdict("written", False, f"{name}() is not written yet")
-        except Exception as error:  # noqa: BLE001
-            before = f", after {'; '.join(done)}" if done else ""
-            detail = f"{call} raised {type(error).__name__}: {error} (on a fresh manager{before})"
-            return Verdict("written", False, detail, why)
-        done.append(call)
-        if name == "fork" and _child_without_count(manager, args[1]):
-            why = (
-                "fork gives the child its parent's token count too: "
-                "num_tokens[child] = num_tokens[parent]"
-            )
-    return Verdict("written", True)
+    return check_calls(lambda: manager_class(NUM_BLOCKS, BLOCK_SIZE), calls, "manager", _fork_why)
+
+
+def _fork_why(manager, name: str, args: tuple) -> str:
+    """After a fork that left the child a block table but no token count, what it forgot."""
+    if name == "fork" and _child_without_count(manager, args[1]):
+        return (
+            "fork gives the child its parent's token count too: "
+            "num_tokens[child] = num_tokens[parent]"
+        )
+    return ""
 
 
 def _child_without_count(manager, child: int) -> bool:

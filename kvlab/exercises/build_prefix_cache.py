@@ -51,6 +51,7 @@ from kvlab.exercises.grading import (
     Hint,
     Report,
     Verdict,
+    check_calls,
     hint,
     show_ops,
     shrunk_failures,
@@ -175,32 +176,15 @@ def check_prefix_cache(
 
 
 def check_written(pool_class) -> Verdict:
-    """The first criterion: every method runs on a fresh pool."""
-    try:
-        pool = pool_class(8)
-        steps = [
-            ("allocate", lambda: pool.allocate(2)),
-            ("cache", lambda: pool.cache(0, 123)),
-            ("free", lambda: pool.free([1, 0])),
-            ("match_prefix", lambda: pool.match_prefix(2, [1, 2, 3])),
-            ("take_cached", lambda: pool.take_cached(0)),
-        ]
-    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
-    for name, step in steps:
-        try:
-            step()
-        except NotImplementedError:
-            return Verdict("written", False, f"{name}() is not written yet")
-        except Exception as error:  # noqa: BLE001
-            return Verdict(
-                "written",
-                False,
-                f"{name}() raised {type(error).__name__}: {error} "
-                "(on a fresh pool of 8 blocks: allocate(2), cache(0, 123), "
-                "free([1, 0]), match_prefix(2, [1, 2, 3]), take_cached(0))",
-            )
-    return Verdict("written", True)
+    """The first criterion: every method runs on a fresh pool of 8 blocks."""
+    calls = (
+        ("allocate", (2,)),
+        ("cache", (0, 123)),
+        ("free", ([1, 0],)),
+        ("match_prefix", (2, [1, 2, 3])),
+        ("take_cached", (0,)),
+    )
+    return check_calls(lambda: pool_class(8), calls, "pool of 8 blocks")
 
 
 def hint_prefix_cache(level: int = 1) -> Hint:

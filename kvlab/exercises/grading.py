@@ -208,3 +208,41 @@ def engine_stopped(error: Exception) -> Verdict:
         f"the engine stopped: {type(error).__name__}: {error}",
         "a method returned something the engine could not use",
     )
+
+
+def check_calls(
+    make: Callable[[], object],
+    calls: Sequence[tuple[str, tuple]],
+    noun: str,
+    why_after: Callable[[object, str, tuple], str] | None = None,
+) -> Verdict:
+    """The first criterion of the build-its whose learner writes a class: every method runs
+    on a fresh object. A call that raises is shown after the calls that came before it (the
+    bug may be in one of those).
+
+    Args:
+        make: builds the fresh object (the learner's ``__init__``).
+        calls: ``(method, args)`` in order.
+        noun: what ``make`` builds, for the message ("arena", "manager", ...).
+        why_after: reads the object after each call that ran and returns a misconception
+            to name if a later call raises ("" for none).
+    """
+    try:
+        obj = make()
+    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
+        return Verdict("written", False, f"__init__ raised {type(error).__name__}: {error}")
+    done, why = [], ""
+    for name, args in calls:
+        call = f"{name}({', '.join(map(str, args))})"
+        try:
+            getattr(obj, name)(*args)
+        except NotImplementedError:
+            return Verdict("written", False, f"{name}() is not written yet")
+        except Exception as error:  # noqa: BLE001
+            before = f", after {'; '.join(done)}" if done else ""
+            detail = f"{call} raised {type(error).__name__}: {error} (on a fresh {noun}{before})"
+            return Verdict("written", False, detail, why)
+        done.append(call)
+        if why_after is not None:
+            why = why_after(obj, name, args) or why
+    return Verdict("written", True)
