@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,13 +40,13 @@ def imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "name",
-    ["scheduler", "scheduler_output"],
+    ["scheduler", "scheduler_output", "swap_planner"],
 )
 def test_the_scheduler_imports_no_torch_and_no_tensor_cache(name):
     modules = imported_modules(PACKAGE / "engine" / f"{name}.py")
     assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
     cache_modules = {m for m in modules if m.startswith("kvlab.cache")}
-    assert cache_modules <= {"kvlab.cache.manager", "kvlab.cache.swap"}, cache_modules
+    assert cache_modules <= {"kvlab.cache.manager"}, cache_modules
 
 
 BOOKKEEPING = (
@@ -162,3 +163,28 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
                     if alias.name[0].isupper() and alias.name not in defined[node.module]:
                         wrong.append(f"{path.name}: {alias.name} from {node.module}")
     assert not wrong, wrong
+
+
+def test_the_block_pool_interface_declares_what_the_manager_reads():
+    """``BlockPoolInterface`` is the pool a learner may plug in (``LLM(block_pool=...)``):
+    it declares exactly the members the block manager and the page map use, and kvlab's
+    pool and the learner's adapter have every one."""
+    from kvlab.cache.block_pool import BlockPool, BlockPoolInterface
+    from kvlab.exercises.learner_pool import LearnerPool
+
+    used = set()
+    for module in ("block_manager", "paged"):
+        source = (PACKAGE / "cache" / f"{module}.py").read_text()
+        used |= set(re.findall(r"\bpool\.(\w+)", source))
+    declared = {
+        name
+        for name in vars(BlockPoolInterface)
+        if not name.startswith("_") and name not in vars(object)
+    } | set(BlockPoolInterface.__annotations__)
+    assert used == declared
+    learner = SimpleNamespace(ref_cnt=[0] * 4, block_hash=[None] * 4, free_queue=[0, 1, 2, 3])
+    for pool in (BlockPool(4), LearnerPool(learner)):
+        missing = {name for name in declared if not hasattr(pool, name)}
+        assert not missing, (type(pool).__name__, missing)
+    # The prefix cache owns its hash map and needs no pool: no import cycle.
+    assert "kvlab.cache.block_pool" not in imported_modules(PACKAGE / "cache" / "prefix_cache.py")

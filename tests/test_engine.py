@@ -17,6 +17,7 @@ from test_runner import hf_greedy_batch
 
 from kvlab import LLM, SamplingParams
 from kvlab.attention import reference_attention, sdpa_attention
+from kvlab.cache.block_pool import AllToTheBack, BlockPool
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
@@ -220,30 +221,30 @@ def test_prefetch_brings_swapped_blocks_back_a_step_early(tiny):
 
 def count_swap_copies(llm) -> dict[str, int]:
     """Count the blocks ``llm``'s swap space really copies, split by who asked for them."""
-    swap, scheduler = llm.engine.swap_space, llm.engine.scheduler
+    swap, engine = llm.engine.swap_space, llm.engine
     copied = {"waited": 0, "prefetched": 0}
-    in_prefetch = [False]
-    swap_out, copy_in, prefetch = swap.swap_out, swap._copy_in, scheduler.prefetch
+    swap_out, swap_in, move_blocks = swap.swap_out, swap.swap_in, engine._move_blocks
+    planned = []
 
-    def counting_swap_out(seq_id, num_tokens):
-        copied["waited"] += swap.blocks_for(num_tokens)
-        swap_out(seq_id, num_tokens)
+    def counting_swap_out(moves):
+        copied["waited"] += len(moves)
+        swap_out(moves)
 
-    def counting_copy_in(cpu_blocks, device_blocks):
-        copied["prefetched" if in_prefetch[0] else "waited"] += len(cpu_blocks)
-        copy_in(cpu_blocks, device_blocks)
+    def counting_swap_in(moves):
+        # The engine copies back twice a step: the blocks it waits for, then the prefetch.
+        out = planned[-1]
+        assert moves in (out.blocks_to_swap_in, out.blocks_to_prefetch)
+        copied["prefetched" if moves is out.blocks_to_prefetch else "waited"] += len(moves)
+        swap_in(moves)
 
-    def flagged_prefetch(out):
-        in_prefetch[0] = True
-        try:
-            return prefetch(out)
-        finally:
-            in_prefetch[0] = False
+    def recording_move_blocks(out):
+        planned.append(out)
+        move_blocks(out)
 
-    swap.swap_out, swap._copy_in, scheduler.prefetch = (
+    swap.swap_out, swap.swap_in, engine._move_blocks = (
         counting_swap_out,
-        counting_copy_in,
-        flagged_prefetch,
+        counting_swap_in,
+        recording_move_blocks,
     )
     return copied
 
@@ -328,12 +329,37 @@ def test_percentile():
         ({"kv_cache": "contiguous", "preemption_mode": "swap"}, "preemption_mode='swap'"),
         ({"kv_cache": "contiguous", "attention_backend": "triton"}, "attention_backend='triton'"),
         ({"preemption_mode": "swap", "swap_space_bytes": 5}, "swap_space_bytes=5"),
+        ({"block_pool": "lru"}, "block_pool='lru'"),
+        ({"kv_cache": "contiguous", "block_pool": BlockPool}, "block_pool is not allowed"),
     ],
 )
 def test_bad_engine_settings_are_refused_with_a_reason(tiny, kwargs, message):
     kwargs.setdefault("num_blocks", None if "kv_cache_memory_bytes" in kwargs else 16)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         LLM(tiny, **kwargs)
+
+
+def test_a_block_pool_of_ones_own_serves_the_engine(tiny):
+    """``LLM(block_pool=...)`` builds the pool with ``num_blocks``; the manager takes every
+    block from it. Another eviction order in a tight pool (every freed block to the back)
+    evicts other blocks, and the tokens stay the same."""
+    built = []
+
+    def one_queue(num_blocks):
+        built.append(BlockPool(num_blocks, eviction_policy=AllToTheBack))
+        return built[-1]
+
+    system = random_prompts(tiny.config.vocab_size, [12])[0]
+    prompts = [system + tail for tail in random_prompts(tiny.config.vocab_size, [3, 5, 4, 6])]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    runs = {}
+    for name, pool in (("kvlab", None), ("one queue", one_queue)):
+        llm = LLM(tiny, num_blocks=12, block_size=4, max_num_seqs=2, block_pool=pool)
+        runs[name] = tokens(llm.generate(prompts, params, use_tqdm=False))
+        assert llm.metrics.num_prompt_tokens_hit > 0
+    assert len(built) == 1 and built[0].num_blocks == 12
+    assert built[0].num_held_blocks == 0 and built[0].num_free_blocks == 12  # all came back
+    assert runs["one queue"] == runs["kvlab"]
 
 
 def test_bad_requests_are_refused_and_the_engine_stays_usable(tiny):

@@ -9,12 +9,10 @@ import pytest
 
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.swap import SwapSpace
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import Scheduler
+from kvlab.engine.scheduler import Scheduler, WaitingQueue
 from kvlab.engine.scheduler_config import SchedulerConfig
-from kvlab.engine.waiting_queue import WaitingQueue
 
 
 def paged(num_blocks=64, block_size=4) -> PagedKVCache:
@@ -60,9 +58,9 @@ class Driver:
 
 
 def make(scheduling="continuous", cache=None, **kwargs):
-    swap = kwargs.pop("swap", None)
+    num_cpu_blocks = kwargs.pop("num_cpu_blocks", 0)
     config = SchedulerConfig(scheduling=scheduling, **kwargs)
-    return Scheduler(config, (cache or paged()).manager, swap)
+    return Scheduler(config, (cache or paged()).manager, num_cpu_blocks)
 
 
 # ---- who runs when -------------------------------------------------------------------------
@@ -215,8 +213,7 @@ def test_recompute_preemption_takes_the_newest_and_requeues_it_first():
 
 def test_swap_preemption_copies_blocks_out_and_back():
     cache = paged(6)
-    swap = SwapSpace(cache, num_cpu_blocks=8)
-    scheduler = make(cache=cache, max_num_seqs=4, preemption_mode="swap", swap=swap)
+    scheduler = make(cache=cache, max_num_seqs=4, preemption_mode="swap", num_cpu_blocks=8)
     old, new = request(0, prompt_len=8, max_tokens=10), request(1, prompt_len=8, max_tokens=10)
     scheduler.add_request(old)
     scheduler.add_request(new)
@@ -224,14 +221,19 @@ def test_swap_preemption_copies_blocks_out_and_back():
     driver.run()
     assert scheduler.num_swap_outs >= 1 and scheduler.num_swap_ins == scheduler.num_swap_outs
     assert new.output_token_ids == [7] * 10
-    assert swap.num_free_blocks == 8  # every CPU block came back
+    assert scheduler.swap.num_free_blocks == 8  # every CPU block came back
+    # Only CPU blocks written by a swap out are copied back (fewer: a block still in the
+    # prefix cache is adopted instead).
+    parked = [c for out in driver.outs for _, c in out.blocks_to_swap_out]
+    back = [c for out in driver.outs for c, _ in out.blocks_to_swap_in]
+    assert back and set(back) <= set(parked) and len(back) <= len(parked)
     assert cache.num_free_blocks == 6
 
 
 def test_swap_falls_back_to_recompute_when_the_cpu_pool_is_full():
     cache = paged(6)
-    swap = SwapSpace(cache, num_cpu_blocks=1)  # too small for any victim
-    scheduler = make(cache=cache, preemption_mode="swap", swap=swap)
+    # A CPU pool of one block is too small for any victim.
+    scheduler = make(cache=cache, preemption_mode="swap", num_cpu_blocks=1)
     for i in range(2):
         scheduler.add_request(request(i, prompt_len=8, max_tokens=10))
     Driver(scheduler).run()
@@ -270,6 +272,48 @@ def test_a_victim_already_scheduled_gives_its_tokens_back_to_the_budget():
     driver.run()
 
 
+class OneByOne(Scheduler):
+    """The scheduler without its decode fast path: every request goes through the loop."""
+
+    def _schedule_decodes(self, out):
+        return 0
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_decode_fast_path_schedules_exactly_as_the_loop(mode, policy, seed):
+    """Tight pools, chunked prompts, forks of blocks and preemptions: the step plans, the
+    blocks taken and the copies are the same with ``_schedule_decodes`` and without."""
+    import random
+
+    rng = random.Random(seed)
+    work = [
+        (rng.randint(1, 14), rng.randint(1, 12), rng.randint(0, 3), float(rng.randint(0, 6)))
+        for _ in range(10)
+    ]
+    runs = []
+    for scheduler_class in (Scheduler, OneByOne):
+        cache = paged(num_blocks=9, block_size=4)
+        config = SchedulerConfig(
+            max_num_seqs=6,
+            max_num_batched_tokens=12,
+            preemption_mode=mode,
+            scheduling_policy=policy,
+        )
+        scheduler = scheduler_class(config, cache.manager, 8 if mode == "swap" else 0)
+        for seq_id, (prompt_len, max_tokens, priority, arrival) in enumerate(work):
+            scheduler.add_request(
+                request(seq_id, prompt_len, max_tokens, arrival, priority, first_token=3)
+            )
+        driver = Driver(scheduler)
+        driver.run(max_steps=400)
+        moves = [(o.blocks_to_copy, o.blocks_to_swap_out, o.blocks_to_swap_in) for o in driver.outs]
+        runs.append((driver.log, moves, scheduler.num_preemptions))
+    assert runs[0] == runs[1]
+    assert runs[0][2] > 0  # the pool is tight enough to preempt
+
+
 def test_contiguous_cache_admits_only_what_its_reservations_fit():
     cache = ContiguousKVCache(1, 1, 2, num_slots=40, reservation_policy="exact", device="cpu")
     scheduler = make(cache=cache)
@@ -306,10 +350,11 @@ def test_config_errors_name_the_parameter_and_value(kwargs, message):
 
 
 def test_swap_mode_needs_a_swap_space():
-    with pytest.raises(ValueError, match="swap_space"):
+    with pytest.raises(ValueError, match="num_cpu_blocks=0"):
         Scheduler(SchedulerConfig(preemption_mode="swap"), paged().manager)
-    with pytest.raises(ValueError, match="PagedKVCache"):
-        SwapSpace(ContiguousKVCache(1, 1, 2, num_slots=8, device="cpu"), 4)
+    contiguous = ContiguousKVCache(1, 1, 2, num_slots=8, device="cpu")
+    with pytest.raises(ValueError, match="paged KV blocks"):
+        Scheduler(SchedulerConfig(preemption_mode="swap"), contiguous.manager, 4)
 
 
 def test_dynamic_batch_starts_exactly_at_its_timeout():

@@ -337,11 +337,16 @@ def test_cache_blocks():
     token_ids = list(range(14))  # blocks [0..3] [4..7] [8..11] [12, 13]
     blocks = pool.allocate(2)
     block_hashes: list[int] = []
-    hash_full_blocks(pool, block_size, blocks, token_ids[:8], block_hashes)
+
+    def cache_full_blocks(token_ids):
+        for index in hash_full_blocks(block_size, token_ids, block_hashes):
+            pool.cache(blocks[index], block_hashes[index])
+
+    cache_full_blocks(token_ids[:8])
     assert pool.num_cached_blocks == 2
     assert all(pool.block_hash[b] is not None for b in blocks)
     blocks += pool.allocate(1)
-    hash_full_blocks(pool, block_size, blocks, token_ids[:12], block_hashes)
+    cache_full_blocks(token_ids[:12])
     assert pool.num_cached_blocks == 3
     assert pool.block_hash[blocks[0]] is not None
 

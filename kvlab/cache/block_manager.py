@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvlab.cache.block_pool import BlockPool
+from kvlab.cache.block_pool import BlockPool, BlockPoolInterface
 from kvlab.cache.block_table import BlockTableRows, SequenceBlocks
 from kvlab.cache.manager import (
     CacheFullError,
@@ -74,7 +74,7 @@ class BlockManager(KVCacheManager):
         num_blocks: int,
         block_size: int,
         enable_prefix_caching: bool = True,
-        pool: BlockPool | None = None,
+        pool: BlockPoolInterface | None = None,
     ):
         if not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
             raise ValueError(
@@ -337,9 +337,8 @@ class BlockManager(KVCacheManager):
             seq.token_ids = None  # an unknown id ends the chain: no later block is cached
             return
         seq.token_ids.extend(token_ids)
-        hash_full_blocks(
-            self.pool, self.block_size, seq.block_table, seq.token_ids, seq.block_hashes
-        )
+        for index in hash_full_blocks(self.block_size, seq.token_ids, seq.block_hashes):
+            self.pool.cache(seq.block_table[index], seq.block_hashes[index])
 
     # ---- helpers -------------------------------------------------------------------------
 

@@ -4,12 +4,13 @@ request               Request and its states (waiting, running, swapped, finishe
 sampling_params       SamplingParams: greedy, temperature, top-k, top-p, n, seed
 sampler               turns logits into tokens, one seeded generator per sample
 scheduler_config      SchedulerConfig: the batching knobs, checked where they are made
-waiting_queue         the waiting requests, FCFS or by priority
 scheduler             who runs each step: running requests first, preemption (recompute or
-                      swap), admission; the batching mode (static, dynamic, continuous)
+                      swap), admission; the waiting queue (FCFS or by priority) and the
+                      batching mode (static, dynamic, continuous)
 scheduler_output      SchedulerOutput: one step's plan
-llm_engine            LLMEngine.step: admit, allocate, compute, sample (and fork), free
-step_inputs           a step's plan packed into one flat batch for the model
+swap_planner          which blocks swap to CPU memory and back (the engine copies them)
+llm_engine            LLMEngine.step: admit, allocate, compute (the plan packed into one
+                      flat batch), sample (and fork), free
 intake                what LLMEngine.add_request checks before a request is queued; arrivals
 model_free            a stand-in for the model, for the engine's own loop at any scale
 llm                   LLM: generate() for offline use, vLLM's names

@@ -25,6 +25,7 @@ import math
 import torch
 
 from kvlab.attention import ATTENTION_BACKENDS
+from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.contiguous_arena import RESERVATION_POLICIES
 from kvlab.cache.paged import PagedKVCache
@@ -60,6 +61,17 @@ def check_cache_settings(**settings) -> None:
             "attention_backend='triton' is not allowed with kv_cache='contiguous': the "
             "Triton kernels read K/V block by block, and a contiguous cache's blocks are "
             "single slots; use kv_cache='paged'"
+        )
+    block_pool = settings["block_pool"]
+    if block_pool is not None and not callable(block_pool):
+        raise ValueError(
+            f"block_pool={block_pool!r} is not allowed: use a class or function that takes "
+            "num_blocks and returns a pool (kvlab.cache.block_pool.BlockPoolInterface)"
+        )
+    if block_pool is not None and kv_cache != "paged":
+        raise ValueError(
+            "block_pool is not allowed with kv_cache='contiguous': a contiguous cache "
+            "reserves ranges, not blocks; use kv_cache='paged'"
         )
     if settings["preemption_mode"] == "swap" and kv_cache != "paged":
         raise ValueError(
@@ -101,13 +113,20 @@ def make_cache(kv_cache, runner, num_blocks, block_size, **options):
     spec = runner.kv_spec()
     kv_shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim)
     if kv_cache == "paged":
+        block_pool = options["block_pool"]
+        manager = BlockManager(
+            num_blocks,
+            block_size,
+            options["enable_prefix_caching"],
+            pool=block_pool(num_blocks) if block_pool is not None else None,
+        )
         return PagedKVCache(
             *kv_shape,
             num_blocks=num_blocks,
             block_size=block_size,
             dtype=runner.dtype,
             device=runner.device,
-            enable_prefix_caching=options["enable_prefix_caching"],
+            manager=manager,
         )
     # The same token slots as the paged pool would have, in one arena.
     return ContiguousKVCache(

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from kvlab.cache.block_pool import BlockPoolInterface
 from kvlab.cache.swap import SwapSpace
 from kvlab.engine.kv_cache_setup import (
     check_cache_settings,
@@ -64,6 +65,9 @@ class LLM:
         batch_timeout: dynamic scheduling: seconds to wait for a batch to fill.
         scheduling_policy: waiting-queue order: ``"fcfs"`` or ``"priority"``.
         enable_prefix_caching: reuse the KV blocks of equal prompt prefixes (paged).
+        block_pool: a pool of blocks of one's own (paged), called with ``num_blocks``:
+            a class or function returning what ``BlockPoolInterface`` declares, in place
+            of kvlab's ``BlockPool`` (lab 06's build-it serves requests from the learner's).
         preemption_mode: when KV blocks run out: ``"recompute"`` or ``"swap"`` (paged).
         swap_space_bytes: CPU memory for swapped blocks; defaults to the KV pool's size.
         prefetch: swap only: copy a swapped request back a step before it resumes, while
@@ -101,6 +105,7 @@ class LLM:
         batch_timeout: float = 0.02,
         scheduling_policy: str = "fcfs",
         enable_prefix_caching: bool = True,
+        block_pool: Callable[[int], BlockPoolInterface] | None = None,
         preemption_mode: str = "recompute",
         swap_space_bytes: int | None = None,
         prefetch: bool = True,
@@ -124,6 +129,7 @@ class LLM:
             swap_space_bytes=swap_space_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching,
+            block_pool=block_pool,
             preemption_mode=preemption_mode,
         )
         scheduler_config = SchedulerConfig(
@@ -155,6 +161,7 @@ class LLM:
             num_blocks,
             block_size,
             enable_prefix_caching=enable_prefix_caching,
+            block_pool=block_pool,
             reservation_policy=reservation_policy,
             max_model_len=max_model_len,
         )

@@ -9,7 +9,8 @@
        prefetch     with swapping: start copying swapped-out blocks back for the requests
                     the next step may resume, so the copy overlaps this step's compute
     4. compute      one forward pass over the new tokens of every sequence, packed flat
-                    (varlen: a prefill chunk and 60 decodes share the same matmuls)
+                    (varlen, ``pack_step``: a prefill chunk and 60 decodes share the same
+                    matmuls)
     5. sample       ``num_computed_tokens`` advances by the tokens just computed; a
                     sequence whose tokens are all computed gets a next token (a prefill
                     chunk that is not its last samples nothing); a request with n > 1
@@ -35,6 +36,7 @@ import torch
 
 from kvlab.cache.base import PooledKVCache
 from kvlab.cache.manager import CacheFullError
+from kvlab.cache.step import ForwardBatch
 from kvlab.cache.swap import SwapSpace
 from kvlab.engine.intake import (
     Arrivals,
@@ -52,7 +54,6 @@ from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.scheduler_output import SchedulerOutput
 from kvlab.engine.step_cost import StepWork
-from kvlab.engine.step_inputs import pack_step
 from kvlab.engine.step_stats import StepStats
 from kvlab.model.runner import ModelRunner
 
@@ -68,7 +69,7 @@ class LLMEngine:
         scheduler_config: batching policy and limits.
         swap_space: CPU block pool, needed when ``preemption_mode="swap"``.
         scheduler_class: the scheduler to build, called as ``(scheduler_config, kv,
-            swap_space)``: kvlab's ``Scheduler``, or a learner's (lab 04's build-it).
+            num_cpu_blocks)``: kvlab's ``Scheduler``, or a learner's (lab 04's build-it).
         clock: ``WallClock()`` (default) or ``ManualClock(step_seconds)`` for replays.
         tokenizer: decodes finished samples and encodes text prompts; None for token ids only.
         eos_token_id: ends a sample unless ``ignore_eos``; None never stops on EOS.
@@ -100,8 +101,11 @@ class LLMEngine:
         self.runner = runner
         self.cache = cache
         self.kv = cache.manager
-        self.scheduler = scheduler_class(scheduler_config or SchedulerConfig(), self.kv, swap_space)
-        self.swap_space = self.scheduler.swap_space
+        scheduler_config = scheduler_config or SchedulerConfig()
+        swapping = scheduler_config.preemption_mode == "swap"
+        self.swap_space = swap_space if swapping else None
+        num_cpu_blocks = swap_space.num_cpu_blocks if swap_space is not None else 0
+        self.scheduler = scheduler_class(scheduler_config, self.kv, num_cpu_blocks)
         self.clock = clock if clock is not None else WallClock()
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
@@ -215,9 +219,8 @@ class LLMEngine:
         if self.metrics.start_time is None:
             self.metrics.start_time = now
         if self.swap_space is not None:
-            self.swap_space.wait()  # blocks swapped in by earlier steps are on the device
-            self.scheduler.prefetch(out)  # start copying back what the next step may resume
-        self.cache.copy_blocks(out.blocks_to_copy)  # copy-on-write, before anything writes
+            self.scheduler.prefetch(out)  # copy back early what the next step may resume
+        self._move_blocks(out)
         logits, work = self._forward(out)  # (num_seqs, vocab_size), what the step computed
         self.last_step_work = work
         self.clock.tick(work)  # a StepCostClock makes the step last what its work costs
@@ -228,6 +231,23 @@ class LLMEngine:
         outputs = [output for output in outputs if output is not None]
         self._record_step(out, finished, work.num_decode_seqs, now)
         return outputs
+
+    def _move_blocks(self, out: SchedulerOutput) -> None:
+        """Make the step's planned copies, each block read before it is overwritten.
+
+        Swapped-out blocks go to CPU memory first (the scheduler freed them, and this step
+        may reuse them), then the copy-on-write copies, then the copies back: those the
+        step waits for, and the prefetches that overlap it (a GPU copies on a side stream).
+        """
+        swap = self.swap_space
+        if swap is not None:
+            swap.wait()  # copies back of earlier steps are done before their blocks move
+            swap.swap_out(out.blocks_to_swap_out)
+        self.cache.copy_blocks(out.blocks_to_copy)
+        if swap is not None:
+            swap.swap_in(out.blocks_to_swap_in)
+            swap.wait()
+            swap.swap_in(out.blocks_to_prefetch)
 
     def _forward(self, out: SchedulerOutput) -> tuple[torch.Tensor, StepWork]:
         """Run the model on the step's packed batch; the logits and what the step computed."""
@@ -354,3 +374,44 @@ class LLMEngine:
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def pack_step(out: SchedulerOutput, device) -> tuple[torch.Tensor, ForwardBatch, StepWork]:
+    """The step's plan packed into one flat batch: the ``input_ids`` (num_tokens,), the
+    ``ForwardBatch``, and what the step computes (``StepWork``, for the step-cost clock).
+
+    The new tokens of all sequences, one after another, in one row, and a ``ForwardBatch``
+    that says where each sequence's tokens start and how much context it already has (the
+    cache turns that into the block table and slot mapping); no padding:
+
+        out.requests      r0 (prefill chunk of 3)    r1 (decode)    r2 (decode)
+        input_ids         [t0, t1, t2,               t7,            t4]
+        query_start_loc   [0,                        3,             4,           5]
+    """
+    seq_ids, num_computed, input_ids = [], [], []
+    num_decode = context = pairs = 0
+    for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
+        start = request.num_computed_tokens
+        seq_ids.append(request.seq_id)
+        num_computed.append(start)
+        context += start + num_new
+        if num_new == 1:
+            input_ids.append(request.token_ids[start])
+            pairs += start + 1
+            # A decode computes the token sampled last step: it is past the prompt.
+            num_decode += start >= len(request.prompt_token_ids)
+        else:
+            input_ids.extend(request.token_ids[start : start + num_new])
+            pairs += num_new * start + num_new * (num_new + 1) // 2
+    batch = ForwardBatch.build(seq_ids, num_computed, out.num_new_tokens, device)
+    ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+    work = StepWork(
+        num_prefill_tokens=out.num_tokens - num_decode,
+        num_decode_seqs=num_decode,
+        num_context_tokens=context,
+        num_attention_pairs=pairs,
+        num_blocks_copied=len(out.blocks_to_copy),
+        num_blocks_swapped=out.num_blocks_swapped,
+        num_blocks_prefetched=out.num_blocks_prefetched,
+    )
+    return ids, batch, work

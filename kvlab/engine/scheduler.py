@@ -15,7 +15,8 @@ One step, in the order lab 04 teaches it (the seed article's admit -> allocate -
 The engine then computes the step and frees what finished; a freed block that holds a
 full, hashed block of tokens stays in the prefix cache until it is evicted.
 
-What varies is an object the scheduler holds, the batching mode
+What varies are objects the scheduler holds: the waiting queue's order (``WaitingQueue``:
+first come, first served, or by priority), the swap planner (below), and the batching mode
 (``SchedulerConfig.scheduling``), from the seed article's "static vs dynamic batching" to
 what vLLM and every modern server do:
 
@@ -37,10 +38,11 @@ Preemption, as ``preemption_mode`` says:
     recompute   free the victim's blocks and requeue it at the head of the waiting queue;
                 its prompt and the tokens generated so far are computed again as one longer
                 prompt (often cheaply: its full blocks are still in the prefix cache)
-    swap        copy its blocks to a CPU pool (``kvlab.cache.swap``), free them, and copy
-                them back later; ``prefetch`` starts that copy a step ahead when memory
-                allows (the seed article's Prefetch Engine). When the CPU pool is full,
-                the victim is recomputed instead.
+    swap        park its blocks in a CPU pool and free them, and copy them back later;
+                ``prefetch`` plans that copy a step ahead when memory allows (the seed
+                article's Prefetch Engine). When the CPU pool is full, the victim is
+                recomputed instead. The swap planner (``kvlab.engine.swap_planner``)
+                decides which blocks move; the engine copies them.
 
 Either way the request later produces exactly the tokens it would have produced without
 the preemption: its sampled tokens are kept, and its random generator only advances when
@@ -48,24 +50,23 @@ it draws a token.
 
 Not handled: multiple KV cache groups, speculative decoding, LoRA, pipeline parallelism;
 admitting out of order to fill a step; choosing a victim by the memory it holds (vLLM,
-too, takes the newest or the least important); swapping or preempting part of a request.
+too, takes the newest or the least important); swapping or preempting part of a request;
+fairness between users, deadlines.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
 
 from kvlab.cache.manager import CacheFullError, KVCacheManager
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.scheduler_output import SchedulerOutput
-from kvlab.engine.waiting_queue import WaitingQueue
-
-if TYPE_CHECKING:
-    from kvlab.cache.swap import SwapSpace
+from kvlab.engine.swap_planner import SwapPlanner
 
 
 def seats_of(request: Request) -> int:
@@ -83,10 +84,12 @@ class Scheduler:
         config: how batches are formed, and their limits.
         kv: the KV bookkeeping (``kvlab.cache.manager.KVCacheManager``): the scheduler
             asks it whether a request fits and takes slots from it, and never sees a tensor.
-        swap_space: the CPU block pool, for ``preemption_mode="swap"``.
+        num_cpu_blocks: blocks of the CPU pool swapped blocks are parked in, for
+            ``preemption_mode="swap"``.
 
     Attributes:
         waiting, running, swapped: the three queues.
+        swap: the swap planner (``SwapPlanner``), or None without swapping.
         batching: the batching mode (``StaticBatching``, ``DynamicBatching``,
             ``ContinuousBatching``): who may join, and each step's token budget.
         num_seats: running sequences, plus the seats reserved for forks.
@@ -95,11 +98,12 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: SchedulerConfig, kv: KVCacheManager, swap_space: SwapSpace | None = None
+        self, config: SchedulerConfig, kv: KVCacheManager, num_cpu_blocks: int = 0
     ) -> None:
-        if config.preemption_mode == "swap" and swap_space is None:
+        if config.preemption_mode == "swap" and not num_cpu_blocks:
             raise ValueError(
-                "preemption_mode='swap' needs a swap_space (kvlab.cache.swap.SwapSpace)"
+                f"num_cpu_blocks={num_cpu_blocks!r}: preemption_mode='swap' needs a CPU pool "
+                "of at least one block to swap to (LLMEngine: a swap_space)"
             )
         if not isinstance(kv, KVCacheManager):
             raise TypeError(
@@ -108,7 +112,7 @@ class Scheduler:
             )
         self.config = config
         self.kv = kv
-        self.swap_space = swap_space if config.preemption_mode == "swap" else None
+        self.swap = SwapPlanner(kv, num_cpu_blocks) if config.preemption_mode == "swap" else None
         self.batching = BATCHING[config.scheduling](config)
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Request] = []
@@ -162,8 +166,8 @@ class Scheduler:
             self.num_seats -= seats_of(request)
             self.running.remove(request)
         elif request.status is RequestStatus.SWAPPED:
-            self.swap_space.undo_swap_in(request.seq_id)
-            self.swap_space.release(request.seq_id)
+            self.swap.undo_swap_in(request.seq_id)
+            self.swap.release(request.seq_id)
             self.swapped.remove(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
@@ -200,26 +204,18 @@ class Scheduler:
         """Give each running request, oldest first, its next tokens; return the budget left.
 
         A request's next tokens are all its uncomputed ones (one when it decodes), cut to
-        the budget (a chunk of its prompt). A run of decoding requests is allocated in one
-        call (``_schedule_decodes``), which behaves exactly as this loop would.
+        the budget (a chunk of its prompt). When the KV pool has no room for them, running
+        requests give way until they fit (``_preempt_until_fits``).
         """
-        requests, nums = out.requests, out.num_new_tokens
-        todo = list(self.running)
-        index = 0
-        while index < len(todo):
-            request = todo[index]
-            index += 1
+        num_decoding = self._schedule_decodes(out)
+        budget -= num_decoding
+        for request in self.running[num_decoding:]:  # a copy: preemption changes the list
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             start = request.num_computed_tokens
-            num_new = request.num_tokens - start
-            if num_new == 1 and budget >= 1:
-                index, budget = self._schedule_decodes(out, todo, index - 1, budget)
-                continue
-            if num_new > budget:
-                num_new = int(budget)
-                if num_new == 0:
-                    break
+            num_new = int(min(request.num_tokens - start, budget))
+            if num_new == 0:
+                break
             try:
                 out.blocks_to_copy += self.kv.allocate_slots(
                     request.seq_id, num_new, request.token_ids[start : start + num_new]
@@ -229,54 +225,33 @@ class Scheduler:
                 budget += given_back
                 if not fits:
                     continue  # it preempted itself
-            requests.append(request)
-            nums.append(num_new)
+            out.add(request, num_new)
             budget -= num_new
         return budget
 
-    def _schedule_decodes(
-        self, out: SchedulerOutput, todo: list[Request], first: int, budget: float
-    ) -> tuple[int, float]:
-        """Allocate the run of decoding requests ``todo[first:]`` in one ``allocate_decode``.
+    def _schedule_decodes(self, out: SchedulerOutput) -> int:
+        """Schedule the leading run of running requests that decode (one token each) in one
+        ``kv.allocate_decode`` call; return how many were scheduled.
 
-        The same as scheduling them one by one, only faster at thousands of sequences: a
-        request that finds no block preempts (``_preempt_until_fits``) exactly where the
-        one-by-one loop would.
-
-        Returns:
-            the index in ``todo`` to go on from, and the budget left.
+        The same as the loop of ``_schedule_running`` over them, only faster at thousands
+        of sequences; it stops at the first request that does not fit, and the loop goes
+        on from there (and preempts exactly where it would have). The budget, at least
+        ``max_num_seqs`` tokens, covers one token for each of them.
         """
-        running = RequestStatus.RUNNING
-        batch: list[Request] = []
-        seq_ids, token_ids, where = [], [], []  # where: each one's index in todo
-        index = first
-        while index < len(todo) and len(batch) < budget:
-            request = todo[index]
+        seq_ids, token_ids = [], []
+        for request in self.running:
             ids = request.token_ids
-            start = request.num_computed_tokens
-            if request.status is running:
-                if len(ids) - start != 1:
-                    break
-                batch.append(request)
-                seq_ids.append(request.seq_id)
-                token_ids.append(ids[start])
-                where.append(index)
-            index += 1
+            if len(ids) - request.num_computed_tokens != 1:
+                break
+            seq_ids.append(request.seq_id)
+            token_ids.append(ids[-1])
+        if not seq_ids:
+            return 0
         result = self.kv.allocate_decode(seq_ids, token_ids)
-        num_allocated = result.num_allocated
         out.blocks_to_copy += result.copies
-        out.requests.extend(batch[:num_allocated])
-        out.num_new_tokens.extend([1] * num_allocated)
-        budget -= num_allocated
-        if num_allocated == len(batch):
-            return index, budget
-        stuck = batch[num_allocated]
-        fits, given_back = self._preempt_until_fits(stuck, 1, out)
-        budget += given_back
-        if fits:
-            out.add(stuck, 1)
-            budget -= 1
-        return where[num_allocated] + 1, budget
+        out.requests += self.running[: result.num_allocated]
+        out.num_new_tokens += [1] * result.num_allocated
+        return result.num_allocated
 
     # ---- preemption: who gives way when blocks run out -----------------------------------
 
@@ -332,25 +307,22 @@ class Scheduler:
 
     # ---- swapping: preempted requests parked in CPU memory, and brought back -------------
     #
-    # Each step's SchedulerOutput counts the blocks moved: num_blocks_swapped (out, and in
-    # without a prefetch: the step waits for them) and num_blocks_prefetched (copies that
-    # run while the step computes). The step-cost clock charges the first in full and the
-    # second only where the copy outlasts the step (kvlab.engine.step_cost).
+    # The swap planner takes and frees the blocks; this step's SchedulerOutput records the
+    # copies (blocks_to_swap_out, blocks_to_swap_in: the step waits for them;
+    # blocks_to_prefetch: they run while the step computes), and the engine makes them.
 
     def _swap_out(self, victim: Request, out: SchedulerOutput) -> bool:
         """Park a preempted victim's blocks in CPU memory; False if there is no room there
         (or nothing to keep), and the victim is recomputed instead."""
-        swap = self.swap_space
+        swap = self.swap
         if swap is None or not victim.num_computed_tokens:
             return False
         if not swap.can_swap_out(victim.num_computed_tokens):
             return False
-        # The victim may have run earlier in this step (priority mode): its blocks must
-        # hold their copies before they are swapped out.
-        swap.copy_blocks(out.blocks_to_copy)
-        out.blocks_to_copy.clear()
-        swap.swap_out(victim.seq_id, victim.num_computed_tokens)
-        out.num_blocks_swapped += swap.blocks_for(victim.num_computed_tokens)
+        # The victim may have run earlier in this step (priority mode): a block it took a
+        # copy-on-write copy into is still empty, and its source is copied out instead.
+        moves = swap.swap_out(victim.seq_id, victim.num_computed_tokens, out.blocks_to_copy)
+        out.blocks_to_swap_out += moves
         victim.status = RequestStatus.SWAPPED
         self.swapped.append(victim)
         self.num_swap_outs += 1
@@ -358,15 +330,15 @@ class Scheduler:
         return True
 
     def _resume_swapped(self, out: SchedulerOutput, budget: float) -> float:
-        """Copy swapped requests back, oldest first, while they fit; they run this step."""
-        swap = self.swap_space
+        """Bring swapped requests back, oldest first, while they fit; they run this step."""
+        swap = self.swap
         while self.swapped and budget > 0 and self.batching.may_admit(self.swapped[0]):
             request = self.swapped[0]
             if self.num_seats + seats_of(request) > self.config.max_num_seqs:
                 break
             try:
-                # 0 blocks if a prefetch already copied them back: this step does not wait.
-                out.num_blocks_swapped += swap.swap_in(
+                # No copy if a prefetch already brought it back: this step does not wait.
+                moves = swap.swap_in(
                     request.seq_id, request.token_ids[: request.num_computed_tokens]
                 )
             except CacheFullError:
@@ -380,6 +352,7 @@ class Scheduler:
             except CacheFullError:
                 swap.undo_swap_in(request.seq_id)
                 break
+            out.blocks_to_swap_in += moves
             self.swapped.popleft()
             swap.release(request.seq_id)
             self.num_swap_ins += 1
@@ -392,18 +365,18 @@ class Scheduler:
         return budget
 
     def prefetch(self, out: SchedulerOutput) -> list[Request]:
-        """Start copying swapped requests back before the step that will resume them.
+        """Plan copying swapped requests back a step before the step that will resume them.
 
         Call it after ``schedule`` planned ``out`` (this step's blocks are taken); the
-        copies run while that step computes, and ``out.num_blocks_prefetched`` counts them.
-        A swapped request is prefetched when the batching mode and the seats would let it
-        run, and its blocks fit with room to spare: one block for every running sequence
-        (each may need one next step) plus the watermark. Off with ``config.prefetch``.
+        copies (``out.blocks_to_prefetch``) run while that step computes. A swapped
+        request is prefetched when the batching mode and the seats would let it run, and
+        its blocks fit with room to spare: one block for every running sequence (each may
+        need one next step) plus the watermark. Off with ``config.prefetch``.
 
         Returns:
-            the requests whose copy started.
+            the requests whose copy is planned.
         """
-        swap = self.swap_space
+        swap = self.swap
         if swap is None or not self.config.prefetch:
             return []
         started = []
@@ -422,7 +395,7 @@ class Scheduler:
             if self.kv.num_free_blocks - need < spare:
                 break
             try:
-                out.num_blocks_prefetched += swap.swap_in(
+                out.blocks_to_prefetch += swap.swap_in(
                     request.seq_id, request.token_ids[: request.num_computed_tokens]
                 )
             except CacheFullError:
@@ -433,7 +406,7 @@ class Scheduler:
 
     def _drop_prefetched(self) -> bool:
         """Give back the device blocks of one prefetched request (newest first)."""
-        swap = self.swap_space
+        swap = self.swap
         if swap is None:
             return False
         for request in reversed(self.swapped):
@@ -497,6 +470,64 @@ class Scheduler:
         self.num_prompt_tokens_hit += num_hit
         request.num_computed_tokens = num_hit
         return num_new
+
+
+# ---- the waiting queue: FCFS or priority ------------------------------------------------
+
+
+class WaitingQueue:
+    """The waiting requests, in admission order: first come, first served (``"fcfs"``), or
+    by ``priority`` then arrival (``"priority"``); a preempted request goes back to the head
+    (in priority order, to its rank)."""
+
+    def __init__(self, scheduling_policy: str = "fcfs") -> None:
+        self.scheduling_policy = scheduling_policy
+        self._fcfs: deque[Request] = deque()
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._fcfs) if self.scheduling_policy == "fcfs" else len(self._heap)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[Request]:
+        """Requests in the order they would be admitted (do not push or remove meanwhile)."""
+        if self.scheduling_policy == "fcfs":
+            return iter(self._fcfs)
+        return iter([entry[-1] for entry in sorted(self._heap, key=lambda e: e[:3])])
+
+    def push(self, request: Request) -> None:
+        if self.scheduling_policy == "fcfs":
+            self._fcfs.append(request)
+        else:
+            key = (request.priority, request.arrival_time, next(self._order), request)
+            heapq.heappush(self._heap, key)
+
+    def push_front(self, request: Request) -> None:
+        """A preempted request: first in FCFS; in priority order by its priority and age."""
+        if self.scheduling_policy == "fcfs":
+            self._fcfs.appendleft(request)
+        else:
+            self.push(request)
+
+    def remove(self, request: Request) -> None:
+        if self.scheduling_policy == "fcfs":
+            if self._fcfs and self._fcfs[0] is request:
+                self._fcfs.popleft()
+            else:
+                self._fcfs.remove(request)
+            return
+        if self._heap and self._heap[0][-1] is request:
+            heapq.heappop(self._heap)
+            return
+        self._heap = [entry for entry in self._heap if entry[-1] is not request]
+        heapq.heapify(self._heap)
+
+    def oldest_arrival(self) -> float:
+        requests = self._fcfs if self.scheduling_policy == "fcfs" else [e[-1] for e in self._heap]
+        return min(r.arrival_time for r in requests)
 
 
 # ---- the batching modes ------------------------------------------------------------------

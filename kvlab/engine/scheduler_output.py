@@ -1,10 +1,12 @@
 """What the scheduler plans for one step: ``SchedulerOutput``, the scheduler's only output.
 
-The engine reads it to build the step's batch (``requests``, ``num_new_tokens``), to copy
-blocks before anything writes (``blocks_to_copy``), to report what moved (``admitted``,
+The engine reads it to build the step's batch (``requests``, ``num_new_tokens``), to move
+and copy blocks before anything writes (``blocks_to_swap_out``, ``blocks_to_copy``,
+``blocks_to_swap_in``, ``blocks_to_prefetch``), to report what moved (``admitted``,
 ``preempted``, ``swapped_out``, ``swapped_in``), and to time the swaps the step waits for
-or hides (``num_blocks_swapped``, ``num_blocks_prefetched``). It is vLLM's
-``SchedulerOutput`` (``vllm/v1/core/sched/output.py``) cut to what kvlab needs.
+or hides. It is vLLM's ``SchedulerOutput`` (``vllm/v1/core/sched/output.py``) cut to what
+kvlab needs, with the swap lists of vLLM's V0 scheduler (``blocks_to_swap_out``,
+``blocks_to_swap_in``).
 
 Not handled: per-request sampling metadata, structured-output masks, KV connector state.
 """
@@ -26,12 +28,14 @@ class SchedulerOutput:
         admitted: requests that got their first blocks this step (new or recomputed).
         preempted: requests that lost their blocks this step (both modes).
         swapped_out, swapped_in: the subset that went to / came back from the CPU pool.
-        blocks_to_copy: ``(src, dst)`` blocks whose K/V the storage must copy before the
-            step runs (copy-on-write), in order.
-        num_blocks_swapped: blocks copied between the device and CPU memory that the step
-            waits for: swapped out, and swapped in without a prefetch.
-        num_blocks_prefetched: blocks whose copy back to the device started during this
-            step, for a request a later step resumes (``Scheduler.prefetch``).
+        blocks_to_swap_out: ``(device_block, cpu_block)`` pairs to copy to CPU memory
+            first: their device blocks are free now, and may be reused by this step.
+        blocks_to_copy: ``(src, dst)`` blocks whose K/V the storage must copy next
+            (copy-on-write), in order.
+        blocks_to_swap_in: ``(cpu_block, device_block)`` pairs to copy back, which this
+            step waits for: its resumed requests read them.
+        blocks_to_prefetch: ``(cpu_block, device_block)`` pairs to copy back while this
+            step computes, for requests a later step resumes (``Scheduler.prefetch``).
     """
 
     requests: list[Request] = field(default_factory=list)
@@ -40,13 +44,24 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     swapped_out: list[Request] = field(default_factory=list)
     swapped_in: list[Request] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    num_blocks_swapped: int = 0
-    num_blocks_prefetched: int = 0
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_prefetch: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
+
+    @property
+    def num_blocks_swapped(self) -> int:
+        """Blocks copied between the device and CPU memory that the step waits for."""
+        return len(self.blocks_to_swap_out) + len(self.blocks_to_swap_in)
+
+    @property
+    def num_blocks_prefetched(self) -> int:
+        """Blocks copied back while the step computes."""
+        return len(self.blocks_to_prefetch)
 
     def __bool__(self) -> bool:
         return bool(self.requests)

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import inspect
 
-from kvlab.cache.block_pool import BlockPool
-from kvlab.cache.prefix_cache import match_prefix
+from kvlab.cache.block_pool import BlockPool, LRUEviction
+from kvlab.cache.prefix_cache import PrefixCache
 from kvlab.exercises.grading import (
     Hint,
     Report,
@@ -197,11 +197,11 @@ def reveal_prefix_cache() -> str:
     methods = (
         BlockPool.allocate,
         BlockPool.free,
+        LRUEviction.push,
         BlockPool.cache,
         BlockPool.take_cached,
         BlockPool._evict,
-        BlockPool.lookup,
-        match_prefix,
+        PrefixCache.match_prefix,
     )
     return "\n".join(inspect.getsource(method) for method in methods)
 

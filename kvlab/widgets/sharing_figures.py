@@ -10,9 +10,10 @@
                                        its free queue when each has taken its blocks
                                        (naming those it adopted, took and evicted) and
                                        after it freed them; ``.view`` animates both
-    AllToTheBackPool                   a ``BlockPool`` with one free queue: every freed
-                                       block to the back (kvlab's rule before vLLM's), to
-                                       measure what putting plain blocks first buys
+    AllToTheBackPool                   a ``BlockPool`` whose eviction policy puts every
+                                       freed block to the back (kvlab's rule before
+                                       vLLM's), to measure what putting plain blocks first
+                                       buys
     QueueStepView                      a ``StepView`` with the free queue drawn under the
                                        page map, in order, each block numbered
     seconds_by_kind(metrics)           steps, tokens and wall seconds of a run's prefill steps
@@ -43,7 +44,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvlab.cache.block_manager import BlockManager
-from kvlab.cache.block_pool import BlockPool
+from kvlab.cache.block_pool import AllToTheBack, BlockPool
 from kvlab.cache.paged import PagedKVCache
 from kvlab.engine.metrics import RunMetrics
 from kvlab.engine.step_stats import StepStats
@@ -285,16 +286,10 @@ class QueueStepView(StepView):
 
 
 class AllToTheBackPool(BlockPool):
-    """A ``BlockPool`` with one free queue: every freed block joins the back, plain or
-    cached, in the order freed (kvlab's rule before vLLM 0.32.0's). So a cached block can
-    be evicted while a plain one, which no prompt can hit, is still free."""
+    """A ``BlockPool`` whose eviction policy is ``AllToTheBack``."""
 
-    def free(self, block_ids) -> None:
-        block_ids = list(block_ids)
-        super().free(block_ids)  # the checks and counts; then the order is redone
-        for block_id in block_ids:
-            if self.ref_cnt[block_id] == 0:
-                self._free_queue.move_to_end(block_id)
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks, eviction_policy=AllToTheBack)
 
 
 @dataclass(frozen=True)
