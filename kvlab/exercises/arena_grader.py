@@ -3,10 +3,11 @@ learner's arena and on kvlab's side by side, random sequences, and shrinking a f
 
     first_difference(make_arena, ops)   the first criterion a sequence breaks, what
                                         happened, and the misconception it suggests
-    random_ops(rng, n)                  a seeded sequence of reserves and frees
-    shrink(make_arena, ops, criterion)  the fewest, smallest operations still breaking it
+    random_ops(rng)                     a seeded sequence of reserves and frees
+    candidates(ops)                     smaller sequences, to shrink a failure with
+    ArenaRun, run, view                 a sequence replayed on the learner's arena
 
-``kvlab.exercises.build_arena`` turns these into a report. Not handled: other arenas than
+``kvlab.exercises.build_arena`` describes the exercise with these. Not handled: other arenas than
 first-fit (the reference is kvlab's ``ContiguousArena``).
 """
 
@@ -16,20 +17,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvlab.cache.base import CacheUsage
 from kvlab.cache.contiguous_arena import ContiguousArena
 from kvlab.cache.manager import CacheFullError
-from kvlab.exercises.grading import shrink_loop
+from kvlab.exercises.grading import block_infos
+from kvlab.exercises.learner_pool import LearnerError, call_learner
 
 NUM_SLOTS = 64
 Op = tuple  # ("reserve", seq_id, num_slots) or ("free", seq_id)
-
-
-class _LearnerError(Exception):
-    """The learner's method raised something other than CacheFullError; ``method`` names it."""
-
-    def __init__(self, method: str, message: str):
-        super().__init__(message)
-        self.method = method
 
 
 @dataclass
@@ -45,7 +40,7 @@ def _holes(arena) -> list[tuple[int, int]]:
     try:
         return [tuple(hole) for hole in arena.holes()]
     except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        raise _LearnerError("holes", f"holes() raised {type(error).__name__}: {error}") from error
+        raise LearnerError("holes", f"holes() raised {type(error).__name__}: {error}") from error
 
 
 def first_difference(make_arena: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
@@ -68,7 +63,7 @@ def first_difference(make_arena: Callable, ops: list[Op]) -> tuple[str, str, str
             failure = _one_op(make_arena, mine, ref, op, where, seen)
             if failure is None and seen.wrong_holes is None:
                 seen.wrong_holes = _holes_difference(mine, ref, op, where)
-        except _LearnerError as error:
+        except LearnerError as error:
             return _raised(error, op, ref, where)
         if failure is not None:
             return failure
@@ -79,7 +74,7 @@ def first_difference(make_arena: Callable, ops: list[Op]) -> tuple[str, str, str
     return seen.wrong_holes
 
 
-def _raised(error: _LearnerError, op: Op, ref, where: str) -> tuple[str, str, str]:
+def _raised(error: LearnerError, op: Op, ref, where: str) -> tuple[str, str, str]:
     """The verdict on a learner's method that raised: a reserve that should have been
     refused names the error to raise; any other error is a bug the message shows."""
     if error.method != "reserve":
@@ -98,12 +93,12 @@ def _one_op(make_arena, mine, ref, op: Op, where: str, seen: _Seen):
             mine.free(op[1])
         except Exception as error:  # noqa: BLE001
             message = f"free() raised {type(error).__name__}: {error}"
-            raise _LearnerError("free", message) from error
+            raise LearnerError("free", message) from error
         return None
     _, seq_id, num_slots = op
     before, kvlab_before = _holes(mine), ref.holes()
-    expected = _try(ref.reserve, seq_id, num_slots)
-    got = _try(mine.reserve, seq_id, num_slots)
+    expected = call_learner("reserve", ref.reserve, seq_id, num_slots)
+    got = call_learner("reserve", mine.reserve, seq_id, num_slots)
     if got is None:
         return (
             "first_fit",
@@ -161,16 +156,6 @@ def _holes_difference(mine, ref, op: Op, where: str):
         f"after {where}: holes() = {got}, expected {expected}",
         _wrong_holes(got, expected, op),
     )
-
-
-def _try(method, *args):
-    try:
-        return method(*args)
-    except CacheFullError as error:
-        return error
-    except Exception as error:  # noqa: BLE001
-        message = f"reserve() raised {type(error).__name__}: {error}"
-        raise _LearnerError("reserve", message) from error
 
 
 # ---- naming the misconception from what the failing operation saw ---------------------------
@@ -286,9 +271,10 @@ def show_op(op: Op) -> str:
 # ---- random operations, and shrinking a failure -------------------------------------------
 
 
-def random_ops(rng: random.Random, length: int) -> list[Op]:
+def random_ops(rng: random.Random) -> list[Op]:
+    """2 to 24 reserves and frees, each free of a sequence that holds a range."""
     ops, live, next_id = [], [], 0
-    for _ in range(length):
+    for _ in range(rng.randint(2, 24)):
         if live and rng.random() < 0.4:
             seq_id = live.pop(rng.randrange(len(live)))
             ops.append(("free", seq_id))
@@ -296,7 +282,7 @@ def random_ops(rng: random.Random, length: int) -> list[Op]:
             ops.append(("reserve", next_id, rng.choice([1, 2, 3, 5, 8, 13, 21, 34, 70])))
             live.append(next_id)
             next_id += 1
-    return ops
+    return valid_ops(ops)
 
 
 def valid_ops(ops: list[Op]) -> list[Op]:
@@ -307,7 +293,7 @@ def valid_ops(ops: list[Op]) -> list[Op]:
         if op[0] == "free" and op[1] not in held:
             continue
         if op[0] == "reserve":
-            if isinstance(_try(ref.reserve, op[1], op[2]), CacheFullError):
+            if isinstance(call_learner("reserve", ref.reserve, op[1], op[2]), CacheFullError):
                 kept.append(op)
                 continue
             held.add(op[1])
@@ -318,23 +304,55 @@ def valid_ops(ops: list[Op]) -> list[Op]:
     return kept
 
 
-def shrink(make_arena, ops: list[Op], criterion: str) -> list[Op]:
-    """The fewest and smallest operations that still fail ``criterion``: drop one, make a
-    reservation smaller, or merge two in a row, until no such change keeps the failure."""
+def candidates(ops: list[Op]):
+    """Smaller cases: drop one operation, make a reservation smaller, or merge two in a row."""
+    yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
+    for i, op in enumerate(ops):
+        if op[0] == "reserve":
+            yield from (
+                ops[:i] + [("reserve", op[1], size)] + ops[i + 1 :] for size in range(1, op[2])
+            )
+    for i, (a, b) in enumerate(zip(ops, ops[1:], strict=False)):
+        if a[0] == b[0] == "reserve":  # two reservations in a row as one
+            yield valid_ops(ops[:i] + [("reserve", a[1], a[2] + b[2])] + ops[i + 2 :])
 
-    def still_fails(candidate: list[Op]) -> bool:
-        failure = first_difference(make_arena, candidate)
-        return failure is not None and failure[0] == criterion
 
-    def candidates(ops: list[Op]):
-        yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
-        for i, op in enumerate(ops):
-            if op[0] == "reserve":
-                yield from (
-                    ops[:i] + [("reserve", op[1], size)] + ops[i + 1 :] for size in range(1, op[2])
-                )
-        for i, (a, b) in enumerate(zip(ops, ops[1:], strict=False)):
-            if a[0] == b[0] == "reserve":  # two reservations in a row as one
-                yield valid_ops(ops[:i] + [("reserve", a[1], a[2] + b[2])] + ops[i + 2 :])
+# ---- a case replayed on the learner's arena (``kvlab.widgets.failure_replay``) -------------
 
-    return shrink_loop(ops, still_fails, candidates)
+
+@dataclass
+class ArenaRun:
+    """The learner's arena, and the ranges its ``reserve`` returned: ``seq_id -> (start,
+    num_slots)``."""
+
+    arena: object
+    ranges: dict[int, tuple[int, int]]
+
+    @classmethod
+    def of(cls, arena_class) -> ArenaRun:
+        return cls(arena_class(NUM_SLOTS), {})
+
+
+def run(state: ArenaRun, op: Op) -> None:
+    if op[0] == "free":
+        state.arena.free(op[1])
+        state.ranges.pop(op[1], None)
+        return
+    _, seq_id, num_slots = op
+    try:
+        start = state.arena.reserve(seq_id, num_slots)
+    except CacheFullError:
+        return  # refused: nothing placed
+    if isinstance(start, int):
+        state.ranges[seq_id] = (start, num_slots)
+
+
+def view(state: ArenaRun):
+    """Each slot of the arena as a one-slot block, held by every range that covers it."""
+    holders: list[list[tuple[int, int]]] = [[] for _ in range(NUM_SLOTS)]
+    for seq_id, (start, length) in state.ranges.items():
+        for slot in range(max(0, start), min(NUM_SLOTS, start + length)):
+            holders[slot].append((seq_id, slot - start))
+    used = {slot: 1 for slot, held in enumerate(holders) if held}
+    infos = block_infos(dict(enumerate(holders)), used, NUM_SLOTS)
+    return infos, CacheUsage(NUM_SLOTS, len(used), len(used)), None

@@ -20,7 +20,13 @@ import numpy as np
 import torch
 
 from kvlab.cache.manager import KVCacheManager, KVUsage, check_held
-from kvlab.exercises.grading import Verdict, engine_stopped, model_and_prompts, one_torch_thread
+from kvlab.exercises.grading import (
+    Verdict,
+    different_requests,
+    engine_stopped,
+    model_and_prompts,
+    one_torch_thread,
+)
 
 
 def check_generation(manager_class, model=None, prompts=None) -> Verdict:
@@ -93,10 +99,8 @@ def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:
     step = 0
     while kvlab.has_unfinished_requests():
         step += 1
-        for name, engine in (("yours", yours), ("kvlab", kvlab)):
-            for out in engine.step():
-                if out.finished:
-                    finished[name][out.request_id] = [c.token_ids for c in out.outputs]
+        step_engine(yours, finished["yours"])
+        step_engine(kvlab, finished["kvlab"])
         for seq_id in kvlab.kv.seq_ids():
             mine, theirs = _context_kv(yours.cache, seq_id), _context_kv(kvlab.cache, seq_id)
             if mine.shape != theirs.shape or not torch.allclose(mine, theirs):
@@ -111,15 +115,16 @@ def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:
                 )
     yours_out = [finished["yours"].get(str(i)) for i in range(num_requests)]
     kvlab_out = [finished["kvlab"][str(i)] for i in range(num_requests)]
-    if yours_out != kvlab_out:
-        bad = [i for i, (a, b) in enumerate(zip(yours_out, kvlab_out, strict=True)) if a != b]
-        return Verdict(
-            "generation",
-            False,
-            f"requests {bad} came out different from kvlab's",
-            "the engine scheduled differently: compare free_blocks with kvlab's",
-        )
-    return None
+    why = "the engine scheduled differently: compare free_blocks with kvlab's"
+    return different_requests(yours_out, kvlab_out, why)
+
+
+def step_engine(engine, finished: dict[str, list]) -> None:
+    """One step of ``engine``; each request it finished goes into ``finished``, with the
+    tokens of each of its samples."""
+    for out in engine.step():
+        if out.finished:
+            finished[out.request_id] = [c.token_ids for c in out.outputs]
 
 
 def _context_kv(cache, seq_id: int) -> torch.Tensor:

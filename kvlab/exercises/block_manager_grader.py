@@ -3,8 +3,9 @@ manager and on kvlab's ``BlockManager`` side by side, and a failure shrunk to it
 
     first_difference(make, ops)   the first criterion a sequence of operations breaks, what
                                   happened, and the misconception it most often means
-    random_ops(rng, n)            a seeded sequence of allocate_slots, fork and free
-    shrink(make, ops, criterion)  the fewest, smallest operations still breaking it
+    random_ops(rng)               a seeded sequence of allocate_slots, fork and free
+    candidates(ops)               smaller sequences, to shrink a failure with
+    new_manager, run, view        a sequence replayed on the learner's manager
 
 The two managers may pick different physical blocks (any free block will do), so they are
 compared by what must agree (token counts, free-block counts, refusals, how many copies,
@@ -14,7 +15,7 @@ checked against the invariants of paged memory after every operation
 ``ceil(num_tokens / block_size)`` blocks, a block's ``ref_cnt`` is the number of tables
 holding it, the free list is exactly the blocks with ``ref_cnt == 0``.
 
-``kvlab.exercises.build_block_manager`` turns these into a report. Not handled: prefix
+``kvlab.exercises.build_block_manager`` describes the exercise with these. Not handled: prefix
 caching (lab 06), swapping.
 """
 
@@ -24,11 +25,12 @@ import copy
 import random
 from collections.abc import Callable
 
+from kvlab.cache.base import CacheUsage
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import CacheFullError
-from kvlab.exercises.block_manager_invariants import call_learner, check_invariants, plural
-from kvlab.exercises.grading import shrink_loop
-from kvlab.exercises.learner_pool import LearnerError
+from kvlab.exercises.block_manager_invariants import check_invariants
+from kvlab.exercises.grading import block_infos, plural
+from kvlab.exercises.learner_pool import LearnerError, call_learner
 
 NUM_BLOCKS = 12
 BLOCK_SIZE = 4
@@ -226,9 +228,10 @@ def show_op(op: Op) -> str:
 # ---- random operations, and shrinking a failure -------------------------------------------
 
 
-def random_ops(rng: random.Random, length: int) -> list[Op]:
-    """Operations on live sequences; a new sequence (or a fork's child) takes a freed id
-    again half of the time, as the engine does with a preempted request."""
+def random_ops(rng: random.Random) -> list[Op]:
+    """2 to 20 operations on live sequences; a new sequence (or a fork's child) takes a freed
+    id again half of the time, as the engine does with a preempted request."""
+    length = rng.randint(2, 20)
     ops, live, freed, next_id = [], [], [], 0
 
     def new_id() -> int:
@@ -253,7 +256,7 @@ def random_ops(rng: random.Random, length: int) -> list[Op]:
             seq_id = new_id()
             ops.append(("allocate_slots", seq_id, rng.choice([1, 2, 3, 4, 5, 7, 9, 17])))
             live.append(seq_id)
-    return ops
+    return valid_ops(ops)
 
 
 def valid_ops(ops: list[Op]) -> list[Op]:
@@ -277,20 +280,39 @@ def valid_ops(ops: list[Op]) -> list[Op]:
     return kept
 
 
-def shrink(make: Callable, ops: list[Op], criterion: str) -> list[Op]:
-    """The fewest and smallest operations that still fail ``criterion``: drop one or make
-    an allocation smaller, until no such change keeps the failure."""
+def candidates(ops: list[Op]):
+    """Smaller cases: drop one operation or make an allocation smaller."""
+    yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
+    for i, op in enumerate(ops):
+        if op[0] == "allocate_slots":
+            yield from (
+                ops[:i] + [("allocate_slots", op[1], n)] + ops[i + 1 :] for n in range(1, op[2])
+            )
 
-    def still_fails(candidate: list[Op]) -> bool:
-        failure = first_difference(make, candidate)
-        return failure is not None and failure[0] == criterion
 
-    def candidates(ops: list[Op]):
-        yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
-        for i, op in enumerate(ops):
-            if op[0] == "allocate_slots":
-                yield from (
-                    ops[:i] + [("allocate_slots", op[1], n)] + ops[i + 1 :] for n in range(1, op[2])
-                )
+# ---- a case replayed on the learner's manager (``kvlab.widgets.failure_replay``) -----------
 
-    return shrink_loop(ops, still_fails, candidates)
+
+def new_manager(manager_class):
+    return manager_class(NUM_BLOCKS, BLOCK_SIZE)
+
+
+def run(manager, op: Op) -> None:
+    getattr(manager, op[0])(*op[1:])
+
+
+def view(manager):
+    """The learner's block tables as the page map draws a pool: who holds each block, how
+    full. A block is drawn with as many holders as tables hold it; where the learner's
+    ``ref_cnt`` says otherwise, the grader's verdict above the map names the block."""
+    holders: dict[int, list[tuple[int, int]]] = {}
+    for seq_id, table in manager.block_tables.items():
+        for index, block in enumerate(table):
+            holders.setdefault(block, []).append((seq_id, index))
+    filled = {}
+    for block, held_by in holders.items():
+        seq_id, index = held_by[0]
+        tokens = manager.num_tokens.get(seq_id, 0) - index * BLOCK_SIZE
+        filled[block] = max(0, min(BLOCK_SIZE, tokens))
+    usage = CacheUsage(NUM_BLOCKS * BLOCK_SIZE, len(holders) * BLOCK_SIZE, sum(filled.values()))
+    return block_infos(holders, filled, NUM_BLOCKS), usage, BLOCK_SIZE

@@ -11,9 +11,6 @@ do), so its state is checked against what must hold whichever blocks it took:
     ref_cnt       a block's ``ref_cnt`` is the number of tables holding it, and the free
                   list is exactly the blocks with ``ref_cnt == 0``, each once
 
-``call_learner`` runs one of the learner's methods, for these checks and the grader's: a
-``CacheFullError`` is returned as an answer, any other error raised as a ``LearnerError``.
-
 Not handled: what the operations themselves must return (copies, refusals: the grader
 compares those with kvlab's), prefix caching (lab 06's grader).
 """
@@ -22,19 +19,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvlab.cache.manager import CacheFullError
-from kvlab.exercises.learner_pool import LearnerError
-
-
-def call_learner(name: str, method, *args):
-    """``method(*args)``, or the ``CacheFullError`` it raised: a refusal is an answer to
-    compare. Any other error is a ``LearnerError``, a verdict on the method ``name``."""
-    try:
-        return method(*args)
-    except CacheFullError as error:
-        return error
-    except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
-        raise LearnerError(name, f"{name}() raised {type(error).__name__}: {error}") from error
+from kvlab.exercises.grading import plural
+from kvlab.exercises.learner_pool import call_learner
 
 
 def check_invariants(mine, ref, op: tuple, where: str) -> tuple[str, str, str] | None:
@@ -187,7 +173,3 @@ def _check_slot_mapping(mine, seq_id, table, num_tokens, size, where):
                 "start is the first position, num how many follow",
             )
     return None
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"

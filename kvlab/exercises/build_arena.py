@@ -25,27 +25,18 @@ Not handled: partial credit within a criterion; grading anything but the three m
 
 from __future__ import annotations
 
-import inspect
-
 from kvlab.cache.contiguous_arena import ContiguousArena, Range
-from kvlab.exercises.arena_grader import (
-    NUM_SLOTS,
-    first_difference,
-    random_ops,
-    show_op,
-    shrink,
-    valid_ops,
-)
+from kvlab.exercises import arena_grader as grader
 from kvlab.exercises.grading import (
-    Hint,
+    BuildIt,
+    Replay,
     Report,
+    Search,
     Verdict,
     check_calls,
-    hint,
+    different_requests,
+    model_and_prompts,
     one_torch_thread,
-    show_ops,
-    shrunk_failures,
-    verdicts_until_failure,
 )
 
 CRITERIA = {
@@ -72,80 +63,47 @@ HINTS = (
 5. free(seq_id): del self.ranges[seq_id]; the next holes() merges the neighbours itself.""",
 )
 
-
-STUCK = "Stuck? hint_arena(1), then 2 and 3; print(reveal_arena()) shows kvlab's own."
-
-
-def _report(verdicts: list[Verdict]) -> Report:
-    return Report(verdicts, CRITERIA, STUCK)
-
-
-# ---- the check ----------------------------------------------------------------------------
+WRITTEN_CALLS = (("holes", ()), ("reserve", (0, 4)), ("holes", ()), ("free", (0,)), ("holes", ()))
+ARENA = BuildIt(
+    CRITERIA,
+    HINTS,
+    stuck="Stuck? hint_arena(1), then 2 and 3; print(reveal_arena()) shows kvlab's own.",
+    written=lambda arena_class: check_calls(
+        lambda: arena_class(grader.NUM_SLOTS), WRITTEN_CALLS, "arena"
+    ),
+    search=Search(grader.first_difference, grader.candidates, grader.random_ops, grader.show_op),
+    reveal_sources=lambda: (
+        ContiguousArena.reserve,
+        ContiguousArena.holes,
+        ContiguousArena.free,
+        ContiguousArena._first_fit,
+    ),
+    replay=Replay(
+        "reserve", "your arena, slot by slot", grader.ArenaRun.of, grader.run, grader.view
+    ),
+)
+hint_arena, reveal_arena = ARENA.hint, ARENA.reveal
 
 
 def check_arena(
     arena_class, model=None, num_sequences: int = 300, seed: int = 0, prompts=None
 ) -> Report:
-    """Grade a learner's arena class (``arena_class(num_slots)``; see the module docstring).
-
-    Args:
-        arena_class: the class to grade.
-        model: a loaded model for the last criterion (default: SmolLM2-135M).
-        num_sequences: random operation sequences tried per run (seeded: the same each time).
-        seed: the seed of those sequences.
-        prompts: token-id prompts for the generation (default: six chat prompts).
-    """
-    written = check_written(arena_class)
-    verdicts = [written]
-    if not written.passed:
-        return _report(verdicts)
-    failures = shrunk_failures(
-        arena_class,
-        first_difference,
-        shrink,
-        lambda rng: valid_ops(random_ops(rng, rng.randint(2, 24))),
-        show_ops(show_op),
-        num_sequences,
-        seed,
+    """``ARENA.check`` of ``arena_class(num_slots)`` on ``num_sequences`` seeded random
+    sequences; the last criterion serves ``prompts`` (default: the chat questions) on
+    ``model`` (default: SmolLM2-135M)."""
+    return ARENA.check(
+        arena_class, lambda: check_generation(arena_class, model, prompts), num_sequences, seed
     )
-    # Only up to the first failure: a sequence stops at its first difference, so a later
-    # criterion that no sequence reached failing is not known to hold.
-    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
-    verdicts += graded
-    if failed:
-        return _report(verdicts)
-    verdicts.append(check_generation(arena_class, model, prompts))
-    return _report(verdicts)
-
-
-def check_written(arena_class) -> Verdict:
-    """The first criterion: every method runs on a fresh arena."""
-    calls = (("holes", ()), ("reserve", (0, 4)), ("holes", ()), ("free", (0,)), ("holes", ()))
-    return check_calls(lambda: arena_class(NUM_SLOTS), calls, "arena")
 
 
 def check_generation(arena_class, model, prompts) -> Verdict:
     """Serve prompts with the learner's arena placing every range, against kvlab's own."""
-
     from kvlab.cache.contiguous import ContiguousKVCache
     from kvlab.measure.serve import serve
     from kvlab.memory import KVSpec
-    from kvlab.model.loading import chat_prompt, load_model
     from kvlab.model.runner import ModelRunner
 
-    tokenizer = None
-    if model is None:
-        model, tokenizer = load_model("smollm2-135m", device="cpu")
-    if prompts is None:
-        if tokenizer is None:
-            raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
-        questions = [
-            "What is the capital of France?",
-            "Name three primary colors.",
-            "What is 2 + 2?",
-            "Write a haiku about memory.",
-        ]
-        prompts = [chat_prompt(tokenizer, q) for q in questions]
+    model, prompts = model_and_prompts(model, prompts)
     runner = ModelRunner(model)
     spec = KVSpec.from_config(model.config, dtype=model.dtype)
     # Three requests run together (their ranges must not overlap); the first two finish at
@@ -168,19 +126,11 @@ def check_generation(arena_class, model, prompts) -> Verdict:
             f"kvlab's at {kvlab.start_steps} (they arrived at {arrivals})",
             "a reserve refused a range that a hole could hold, so a request waited",
         )
-    if yours.outputs == kvlab.outputs:
-        return Verdict(
-            "generation",
-            True,
-            f"{len(prompts)} requests, the same tokens as with kvlab's arena (= HF generate)",
-        )
-    pairs = zip(yours.outputs, kvlab.outputs, strict=True)
-    bad = [i for i, (a, b) in enumerate(pairs) if a != b]
-    return Verdict(
+    why = "two ranges shared slots: one request's K/V overwrote another's"
+    return different_requests(yours.outputs, kvlab.outputs, why) or Verdict(
         "generation",
-        False,
-        f"requests {bad} came out different from kvlab's",
-        "two ranges shared slots: one request's K/V overwrote another's",
+        True,
+        f"{len(prompts)} requests, the same tokens as with kvlab's arena (= HF generate)",
     )
 
 
@@ -213,21 +163,3 @@ class LearnerArena(ContiguousArena):
         self._starts.remove((r.start, seq_id))
         self.num_reserved_slots -= r.num_slots
         self.num_used_slots -= r.num_tokens
-
-
-def hint_arena(level: int = 1) -> Hint:
-    """Help in steps: 1 a nudge, 2 the holes, 3 the whole algorithm, numbered."""
-    return hint(HINTS, level)
-
-
-def reveal_arena() -> str:
-    """kvlab's own reserve, holes and free (``kvlab.cache.contiguous_arena``)."""
-    return "\n".join(
-        inspect.getsource(method)
-        for method in (
-            ContiguousArena.reserve,
-            ContiguousArena.holes,
-            ContiguousArena.free,
-            ContiguousArena._first_fit,
-        )
-    )

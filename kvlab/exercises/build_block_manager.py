@@ -30,36 +30,17 @@ Not handled: prefix caching (lab 06), swapping, partial credit within a criterio
 
 from __future__ import annotations
 
-import inspect
-
 from kvlab.cache.block_manager import BlockManager
+from kvlab.exercises import block_manager_grader as grader
 from kvlab.exercises.block_manager_engine import LearnerBlockManager, check_generation
-from kvlab.exercises.block_manager_grader import (
-    BLOCK_SIZE,
-    NUM_BLOCKS,
-    first_difference,
-    random_ops,
-    show_op,
-    shrink,
-    valid_ops,
-)
-from kvlab.exercises.grading import (
-    Hint,
-    Report,
-    Verdict,
-    check_calls,
-    hint,
-    show_ops,
-    shrunk_failures,
-    verdicts_until_failure,
-)
+from kvlab.exercises.grading import BuildIt, Replay, Report, Search, Verdict, check_calls
 
 __all__ = [
+    "BLOCK_MANAGER",
     "CRITERIA",
     "LearnerBlockManager",
     "check_block_manager",
     "check_generation",
-    "check_written",
     "hint_block_manager",
     "reveal_block_manager",
 ]
@@ -94,63 +75,26 @@ HINTS = (
    return the copy's [(old, fresh)], or [].
 7. slot_mapping: [table[p // size] * size + p % size for p in range(start, start + num)].""",
 )
-STUCK = (
-    "Stuck? hint_block_manager(1), then 2 and 3; print(reveal_block_manager()) shows kvlab's own."
+WRITTEN_CALLS = (
+    ("allocate_slots", (0, 5)),
+    ("slot_mapping", (0, 0, 5)),
+    ("fork", (0, 1)),
+    ("free", (1,)),
 )
-
-
-def _report(verdicts: list[Verdict]) -> Report:
-    return Report(verdicts, CRITERIA, STUCK)
-
-
-def check_block_manager(
-    manager_class, model=None, num_sequences: int = 300, seed: int = 0, prompts=None
-) -> Report:
-    """Grade a learner's block manager (``manager_class(num_blocks, block_size)``).
-
-    Args:
-        manager_class: the class to grade.
-        model: a loaded model for the last criterion (default: SmolLM2-135M).
-        num_sequences: random call sequences tried (seeded: the same each time).
-        seed: the seed of those sequences.
-        prompts: token-id prompts for the generation (default: four chat prompts).
-    """
-    written = check_written(manager_class)
-    if not written.passed:
-        return _report([written])
-    verdicts = [written]
-    failures = shrunk_failures(
-        manager_class,
-        first_difference,
-        shrink,
-        lambda rng: valid_ops(random_ops(rng, rng.randint(2, 20))),
-        show_ops(show_op),
-        num_sequences,
-        seed,
-    )
-    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
-    verdicts += graded
-    if failed:
-        return _report(verdicts)
-    verdicts.append(check_generation(manager_class, model, prompts))
-    return _report(verdicts)
 
 
 def check_written(manager_class) -> Verdict:
     """The first criterion: every method runs on a fresh manager; a fork that leaves its
     child no token count is named if a later call fails on it."""
-    calls = (
-        ("allocate_slots", (0, 5)),
-        ("slot_mapping", (0, 0, 5)),
-        ("fork", (0, 1)),
-        ("free", (1,)),
+    return check_calls(
+        lambda: grader.new_manager(manager_class), WRITTEN_CALLS, "manager", _fork_why
     )
-    return check_calls(lambda: manager_class(NUM_BLOCKS, BLOCK_SIZE), calls, "manager", _fork_why)
 
 
 def _fork_why(manager, name: str, args: tuple) -> str:
     """After a fork that left the child a block table but no token count, what it forgot."""
-    if name == "fork" and _child_without_count(manager, args[1]):
+    tables, num_tokens = getattr(manager, "block_tables", {}), getattr(manager, "num_tokens", {})
+    if name == "fork" and args[1] in tables and args[1] not in num_tokens:
         return (
             "fork gives the child its parent's token count too: "
             "num_tokens[child] = num_tokens[parent]"
@@ -158,29 +102,37 @@ def _fork_why(manager, name: str, args: tuple) -> str:
     return ""
 
 
-def _child_without_count(manager, child: int) -> bool:
-    """Whether a fork left the child a block table but no token count (a later call on the
-    child then finds none)."""
-    tables, num_tokens = getattr(manager, "block_tables", {}), getattr(manager, "num_tokens", {})
-    return child in tables and child not in num_tokens
+BLOCK_MANAGER = BuildIt(
+    CRITERIA,
+    HINTS,
+    stuck="Stuck? hint_block_manager(1), then 2 and 3; print(reveal_block_manager()) shows "
+    "kvlab's own.",
+    written=check_written,
+    search=Search(grader.first_difference, grader.candidates, grader.random_ops, grader.show_op),
+    reveal_sources=lambda: (
+        BlockManager._allocate,
+        BlockManager._needs_copy,
+        BlockManager._copy_last_block,
+        BlockManager.slot_mapping,
+        BlockManager.fork,
+        BlockManager.free,
+    ),
+    replay=Replay(
+        "allocate_slots", "your block manager", grader.new_manager, grader.run, grader.view
+    ),
+)
+hint_block_manager, reveal_block_manager = BLOCK_MANAGER.hint, BLOCK_MANAGER.reveal
 
 
-def hint_block_manager(level: int = 1) -> Hint:
-    """Help in steps: 1 a nudge, 2 sharing (fork, free, when to copy), 3 the whole
-    allocate_slots, numbered."""
-    return hint(HINTS, level)
-
-
-def reveal_block_manager() -> str:
-    """kvlab's own methods (``kvlab.cache.block_manager``; prefix caching is lab 06's)."""
-    return "\n".join(
-        inspect.getsource(method)
-        for method in (
-            BlockManager._allocate,
-            BlockManager._needs_copy,
-            BlockManager._copy_last_block,
-            BlockManager.slot_mapping,
-            BlockManager.fork,
-            BlockManager.free,
-        )
+def check_block_manager(
+    manager_class, model=None, num_sequences: int = 300, seed: int = 0, prompts=None
+) -> Report:
+    """``BLOCK_MANAGER.check`` of ``manager_class(num_blocks, block_size)`` on
+    ``num_sequences`` seeded random sequences of calls; the last criterion serves
+    ``prompts`` (default: the chat questions) on ``model`` (default: SmolLM2-135M)."""
+    return BLOCK_MANAGER.check(
+        manager_class,
+        lambda: check_generation(manager_class, model, prompts),
+        num_sequences,
+        seed,
     )

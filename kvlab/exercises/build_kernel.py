@@ -26,16 +26,22 @@ split-K, float16.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from kvlab.exercises.grading import Hint, Report, Verdict, engine_stopped, hint, one_torch_thread
+from kvlab.exercises.grading import (
+    BuildIt,
+    Report,
+    Verdict,
+    engine_stopped,
+    one_torch_thread,
+    plural,
+)
 
-__all__ = ["CRITERIA", "check_kernel", "decode_with", "hint_kernel", "reveal_kernel"]
+__all__ = ["CRITERIA", "KERNEL", "check_kernel", "decode_with", "hint_kernel", "reveal_kernel"]
 
 CRITERIA = {
     "written": "the loop computes something (the output is no longer 0 / 0)",
@@ -49,7 +55,6 @@ CRITERIA = {
     "shapes": "block sizes 1 to 32, GQA groups 1 to 4, head_dim 16 to 64, up to 4 sequences",
     "generation": "the tiny model decodes through your kernel the reference backend's tokens",
 }
-STUCK = "Stuck? hint_kernel(1), then 2 and 3; print(reveal_kernel()) shows kvlab's own kernel."
 TOLERANCE = 1e-5  # float32: the order of the sums changes only the last bits
 
 
@@ -182,16 +187,39 @@ def decode_with(kernel, query, kv_cache, block_table, seq_lens, scale=None) -> t
     return out
 
 
+class KernelCases:
+    """The kernel's fixed cases as a ``Search`` (``grading``): criterion by criterion, in
+    order, up to the first that fails."""
+
+    def failures(self, kernel, num_cases: int, seed: int):
+        for criterion, cases in CASES.items():
+            verdict = _check_cases(kernel, criterion, cases)
+            if not verdict.passed:
+                return {criterion: (verdict.detail, verdict.misconception)}, {}
+        return {}, {}
+
+
+def _kernel_source() -> tuple:
+    from kvlab.kernels import paged_attention
+
+    return (paged_attention._paged_decode_kernel.fn,)
+
+
+# The reveal: kvlab's own decode kernel (tiles of TILE_N tokens, GQA groups, split-K).
+KERNEL = BuildIt(
+    CRITERIA,
+    HINTS,
+    stuck="Stuck? hint_kernel(1), then 2 and 3; print(reveal_kernel()) shows kvlab's own kernel.",
+    written=lambda kernel: _check_cases(kernel, "written", CASES["one_block"]),
+    search=KernelCases(),
+    reveal_sources=_kernel_source,
+)
+hint_kernel, reveal_kernel = KERNEL.hint, KERNEL.reveal
+
+
 def check_kernel(kernel, model=None) -> Report:
     """Grade a learner's decode kernel, criterion by criterion, then in the tiny model."""
-    verdicts = []
-    for criterion, cases in (("written", CASES["one_block"]), *CASES.items()):
-        verdict = _check_cases(kernel, criterion, cases)
-        verdicts.append(verdict)
-        if not verdict.passed:
-            return Report(verdicts, CRITERIA, STUCK)
-    verdicts.append(check_generation(kernel, model))
-    return Report(verdicts, CRITERIA, STUCK)
+    return KERNEL.check(kernel, lambda: check_generation(kernel, model))
 
 
 def _check_cases(kernel, criterion: str, cases: list[Case]) -> Verdict:
@@ -310,13 +338,9 @@ def _describe(case: Case, number: int, total: int) -> str:
     which = f"case {number + 1} of {total}: " if total > 1 else ""
     return (
         f"{which}seq_lens {case.seq_lens}, block_size {case.block_size} (blocks {order}), "
-        f"{_count(case.num_heads, 'head')} / {_count(case.num_kv_heads, 'KV head')}, "
+        f"{plural(case.num_heads, 'head')} / {plural(case.num_kv_heads, 'KV head')}, "
         f"head_dim {case.head_dim}{scores}"
     )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def check_generation(kernel, model=None) -> Verdict:
@@ -370,15 +394,3 @@ def check_generation(kernel, model=None) -> Verdict:
         True,
         f"{len(prompts)} prompts, 7 decode steps each, every token as with the reference backend",
     )
-
-
-def hint_kernel(level: int = 1) -> Hint:
-    """Help in steps: 1 where to start, 2 the masked online softmax, 3 the whole loop."""
-    return hint(HINTS, level)
-
-
-def reveal_kernel() -> str:
-    """kvlab's own decode kernel: tiles of TILE_N tokens, GQA groups, split-K."""
-    from kvlab.kernels import paged_attention
-
-    return inspect.getsource(paged_attention._paged_decode_kernel.fn)

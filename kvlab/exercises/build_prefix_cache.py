@@ -43,30 +43,23 @@ Not handled: hash collisions, partial-block hits, partial credit within a criter
 
 from __future__ import annotations
 
-import inspect
-
 from kvlab.cache.block_pool import BlockPool, LRUEviction
 from kvlab.cache.prefix_cache import PrefixCache
-from kvlab.exercises.grading import (
-    Hint,
-    Report,
-    Verdict,
-    check_calls,
-    hint,
-    show_ops,
-    shrunk_failures,
-    verdicts_until_failure,
-)
+from kvlab.exercises import prefix_cache_grader as grader
+from kvlab.exercises.grading import BuildIt, Replay, Report, Search, Verdict, check_calls
 from kvlab.exercises.learner_pool import LearnerPool
 from kvlab.exercises.prefix_cache_engine import check_generation
-from kvlab.exercises.prefix_cache_grader import (
-    PROBES,
-    first_difference,
-    random_ops,
-    show_op,
-    shrink,
-    valid_ops,
-)
+
+__all__ = [
+    "CRITERIA",
+    "LearnerPool",
+    "PREFIX_CACHE",
+    "Verdict",
+    "check_generation",
+    "check_prefix_cache",
+    "hint_prefix_cache",
+    "reveal_prefix_cache",
+]
 
 CRITERIA = {
     "written": "allocate, free, cache, take_cached and match_prefix run (none raises "
@@ -82,7 +75,6 @@ CRITERIA = {
     "(exactly num is enough), changing nothing",
     "generation": "requests sharing a system prompt, through the engine, hit as kvlab's do",
 }
-STUCK = "Stuck? hint_prefix_cache(1), then 2 and 3; reveal_prefix_cache() shows kvlab's own."
 HINTS = (
     "free_queue is an OrderedDict used as a queue: popitem(last=False) takes the front, "
     "free_queue[b] = None puts b at the back, move_to_end(b, last=False) moves it to the "
@@ -134,67 +126,28 @@ HINTS = (
     ),
 )
 
-
-def _report(verdicts: list[Verdict]) -> Report:
-    return Report(verdicts, CRITERIA, STUCK)
-
-
-def check_prefix_cache(
-    pool_class, model=None, num_sequences: int = 300, seed: int = 0, tokenizer=None
-) -> Report:
-    """Grade a learner's block pool (``pool_class(num_blocks)``; see the module docstring).
-
-    Args:
-        pool_class: the class to grade.
-        model, tokenizer: for the last criterion (default: SmolLM2-135M and its tokenizer).
-        num_sequences: random request sequences tried (seeded: the same each time).
-        seed: the seed of those sequences.
-    """
-    written = check_written(pool_class)
-    if not written.passed:
-        return _report([written])
-    verdicts = [written]
-    failures = shrunk_failures(
-        pool_class,
-        first_difference,
-        shrink,
-        lambda rng: valid_ops(random_ops(rng, rng.randint(2, 16))),
-        show_ops(show_op),
-        num_sequences,
-        seed,
-    )
-    for probe in PROBES:
-        failure = probe(pool_class)
-        if failure is not None:
-            failures.setdefault(failure[0], failure[1:])
-    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
-    verdicts += graded
-    if failed:
-        return _report(verdicts)
-    verdicts.append(check_generation(pool_class, model, tokenizer))
-    return _report(verdicts)
-
-
-def check_written(pool_class) -> Verdict:
-    """The first criterion: every method runs on a fresh pool of 8 blocks."""
-    calls = (
-        ("allocate", (2,)),
-        ("cache", (0, 123)),
-        ("free", ([1, 0],)),
-        ("match_prefix", (2, [1, 2, 3])),
-        ("take_cached", (0,)),
-    )
-    return check_calls(lambda: pool_class(8), calls, "pool of 8 blocks")
-
-
-def hint_prefix_cache(level: int = 1) -> Hint:
-    """Help in steps: 1 the data structures, 2 allocate, free and a hit, 3 the prefix walk."""
-    return hint(HINTS, level)
-
-
-def reveal_prefix_cache() -> str:
-    """kvlab's own methods (``kvlab.cache.block_pool`` and ``kvlab.cache.prefix_cache``)."""
-    methods = (
+WRITTEN_CALLS = (
+    ("allocate", (2,)),
+    ("cache", (0, 123)),
+    ("free", ([1, 0],)),
+    ("match_prefix", (2, [1, 2, 3])),
+    ("take_cached", (0,)),
+)
+PREFIX_CACHE = BuildIt(
+    CRITERIA,
+    HINTS,
+    stuck="Stuck? hint_prefix_cache(1), then 2 and 3; reveal_prefix_cache() shows kvlab's own.",
+    written=lambda pool_class: check_calls(
+        lambda: pool_class(8), WRITTEN_CALLS, "pool of 8 blocks"
+    ),
+    search=Search(
+        grader.first_difference,
+        grader.candidates,
+        grader.random_ops,
+        grader.show_op,
+        probes=grader.PROBES,
+    ),
+    reveal_sources=lambda: (
         BlockPool.allocate,
         BlockPool.free,
         LRUEviction.push,
@@ -202,16 +155,24 @@ def reveal_prefix_cache() -> str:
         BlockPool.take_cached,
         BlockPool._evict,
         PrefixCache.match_prefix,
+    ),
+    replay=Replay(
+        "match_prefix",
+        "your block pool, in kvlab's block manager",
+        lambda pool_class: grader.managers(pool_class)[0],
+        grader.apply_op,
+        grader.view,
+    ),
+)
+hint_prefix_cache, reveal_prefix_cache = PREFIX_CACHE.hint, PREFIX_CACHE.reveal
+
+
+def check_prefix_cache(
+    pool_class, model=None, num_sequences: int = 300, seed: int = 0, tokenizer=None
+) -> Report:
+    """``PREFIX_CACHE.check`` of ``pool_class(num_blocks)`` on ``num_sequences`` seeded
+    random request sequences and the probes; the last criterion serves chat requests on
+    ``model`` and its ``tokenizer`` (default: SmolLM2-135M's)."""
+    return PREFIX_CACHE.check(
+        pool_class, lambda: check_generation(pool_class, model, tokenizer), num_sequences, seed
     )
-    return "\n".join(inspect.getsource(method) for method in methods)
-
-
-__all__ = [
-    "CRITERIA",
-    "LearnerPool",
-    "check_generation",
-    "check_prefix_cache",
-    "check_written",
-    "hint_prefix_cache",
-    "reveal_prefix_cache",
-]

@@ -31,39 +31,32 @@ Not handled: swapping, priorities, static and dynamic batching, partial credit.
 
 from __future__ import annotations
 
-import inspect
-
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import Scheduler
+from kvlab.engine.scheduler import Scheduler, seats_of
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.scheduler_output import SchedulerOutput
+from kvlab.exercises import scheduler_grader as grader
+from kvlab.exercises.block_manager_engine import step_engine
 from kvlab.exercises.grading import (
-    Hint,
+    BuildIt,
     Report,
+    Search,
     Verdict,
+    different_requests,
     engine_stopped,
-    hint,
     model_and_prompts,
     one_torch_thread,
-    shrunk_failures,
-    verdicts_until_failure,
+    plural,
 )
-from kvlab.exercises.scheduler_grader import (
-    first_difference,
-    random_trace,
-    show_trace,
-    shrink,
-)
-from kvlab.exercises.scheduler_rules import plural
 from kvlab.exercises.step_scheduler import StepScheduler
 
 __all__ = [
     "CRITERIA",
+    "SCHEDULER",
     "StepScheduler",
     "check_generation",
     "check_scheduler",
-    "check_written",
     "hint_scheduler",
     "reveal_scheduler",
 ]
@@ -81,7 +74,6 @@ CRITERIA = {
     "finishes": "every request finishes with all its tokens, and the pool ends empty",
     "generation": "SmolLM2 requests, chunked and preempted, give kvlab's tokens",
 }
-STUCK = "Stuck? hint_scheduler(1), then 2 and 3; print(reveal_scheduler()) shows kvlab's own."
 
 HINTS = (
     "Two calls take KV slots, never both for one request: self.allocate for a running "
@@ -111,43 +103,6 @@ HINTS = (
     "  5. started.append(request)\n"
     "  after the loop: self.waiting.remove(r) for each r in started",
 )
-
-
-def _report(verdicts: list[Verdict]) -> Report:
-    return Report(verdicts, CRITERIA, STUCK)
-
-
-def check_scheduler(
-    scheduler_class, model=None, num_traces: int = 200, seed: int = 0, prompts=None
-) -> Report:
-    """Grade a learner's ``StepScheduler`` subclass.
-
-    Args:
-        scheduler_class: the class to grade.
-        model: a loaded model for the last criterion (default: SmolLM2-135M).
-        num_traces: random traces tried (seeded: the same each time).
-        seed: the seed of those traces.
-        prompts: token-id prompts for the generation (default: four chat prompts).
-    """
-    written = check_written(scheduler_class)
-    if not written.passed:
-        return _report([written])
-    verdicts = [written]
-    failures = shrunk_failures(
-        scheduler_class,
-        first_difference,
-        shrink,
-        random_trace,
-        show_trace,
-        num_traces,
-        seed,
-    )
-    graded, failed = verdicts_until_failure(list(CRITERIA)[1:-1], failures)
-    verdicts += graded
-    if failed:
-        return _report(verdicts)
-    verdicts.append(check_generation(scheduler_class, model, prompts))
-    return _report(verdicts)
 
 
 def check_written(scheduler_class) -> Verdict:
@@ -228,24 +183,15 @@ def check_generation(scheduler_class, model=None, prompts=None) -> Verdict:
                 engine = LLMEngine(runner, cache, config, scheduler_class=cls)
                 for index, prompt in enumerate(prompts):
                     engine.add_request(str(index), prompt, params)
-                finished = {}
+                finished: dict[str, list] = {}
                 while engine.has_unfinished_requests():
-                    for out in engine.step():
-                        if out.finished:
-                            finished[out.request_id] = out.outputs[0].token_ids
+                    step_engine(engine, finished)
                 runs[label] = ([finished.get(str(i)) for i in range(len(prompts))], engine)
     except Exception as error:  # noqa: BLE001 - the learner's scheduler inside the engine
         return engine_stopped(error)
     (mine, engine), (theirs, _) = runs["yours"], runs["kvlab"]
-    if mine != theirs:
-        bad = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
-        return Verdict(
-            "generation",
-            False,
-            f"requests {bad} came out different from kvlab's",
-            "a preempted request must compute its prompt and outputs again from the start",
-        )
-    return Verdict(
+    why = "a preempted request must compute its prompt and outputs again from the start"
+    return different_requests(mine, theirs, why) or Verdict(
         "generation",
         True,
         f"{len(prompts)} requests, {plural(engine.metrics.num_preemptions, 'preemption')}, "
@@ -253,31 +199,38 @@ def check_generation(scheduler_class, model=None, prompts=None) -> Verdict:
     )
 
 
-def hint_scheduler(level: int = 1) -> Hint:
-    """Help in steps: 1 a nudge, 2 preemption, 3 the whole algorithm."""
-    return hint(HINTS, level)
-
-
-REVEAL_NOTE = (
-    "# kvlab's Scheduler also serves forks (n > 1), swapping and priorities. With n=1,\n"
-    "# FCFS and recompute, as in your StepScheduler: seats_of(request) is 1 and num_seats is\n"
-    "# len(self.running); _pick_victim() is self.running[-1]; _drop_prefetched() does\n"
-    "# nothing and returns False; _schedule_decodes allocates a run of decodes at once,\n"
-    "# exactly as one by one; swapped is always empty.\n"
+SCHEDULER = BuildIt(
+    CRITERIA,
+    HINTS,
+    stuck="Stuck? hint_scheduler(1), then 2 and 3; print(reveal_scheduler()) shows kvlab's own.",
+    written=check_written,
+    search=Search(
+        grader.first_difference, grader.candidates, grader.random_trace, show_case=grader.show_trace
+    ),
+    reveal_sources=lambda: (
+        Scheduler.schedule,
+        Scheduler._schedule_running,
+        Scheduler._schedule_decodes,
+        Scheduler._preempt_until_fits,
+        Scheduler._pick_victim,
+        Scheduler._preempt,
+        Scheduler._admit_waiting,
+        Scheduler.kv_admit,
+        seats_of,
+    ),
 )
+hint_scheduler, reveal_scheduler = SCHEDULER.hint, SCHEDULER.reveal
 
 
-def reveal_scheduler() -> str:
-    """kvlab's own step: ``Scheduler.schedule`` and the methods it calls, with a note on
-    what the parts beyond the build-it's setting reduce to."""
-    return REVEAL_NOTE + "\n".join(
-        inspect.getsource(method)
-        for method in (
-            Scheduler.schedule,
-            Scheduler._schedule_running,
-            Scheduler._preempt_until_fits,
-            Scheduler._preempt,
-            Scheduler._admit_waiting,
-            Scheduler.kv_admit,
-        )
+def check_scheduler(
+    scheduler_class, model=None, num_traces: int = 200, seed: int = 0, prompts=None
+) -> Report:
+    """``SCHEDULER.check`` of a ``StepScheduler`` subclass on ``num_traces`` seeded random
+    traces; the last criterion serves ``prompts`` (default: the chat questions) on
+    ``model`` (default: SmolLM2-135M)."""
+    return SCHEDULER.check(
+        scheduler_class,
+        lambda: check_generation(scheduler_class, model, prompts),
+        num_traces,
+        seed,
     )

@@ -1,8 +1,12 @@
-"""What a build-it check returns: one verdict per criterion, shown as a checklist.
+"""The build-its' one skeleton: a description of each, and the check, hint and reveal that
+read it.
 
 Every build-it exercise (``build_arena``, ``build_block_manager``, ``build_scheduler``,
-``build_kernel``, ``build_prefix_cache``) grades the learner's code criterion by criterion,
-in order, and stops at the first failure: later criteria assume the earlier ones hold. A
+``build_kernel``, ``build_prefix_cache``) is a ``BuildIt``: its criteria, its hints, the
+kvlab code its reveal shows, its first criterion (every method runs), the ``Search`` for the
+shortest case that breaks each later criterion, and how ``replay_failure`` draws such a
+case (``Replay``). ``BuildIt.check`` grades the learner's code criterion by criterion, in
+order, and stops at the first failure: later criteria assume the earlier ones hold. A
 ``Report`` prints as
 
     3 of 7 criteria hold
@@ -12,9 +16,9 @@ in order, and stops at the first failure: later criteria assume the earlier ones
           likely: the misconception such a failure most often means
       [ ] ... one not checked yet
 
-The graders behind the checks share two loops: ``shrunk_failures`` tries seeded random
-operation sequences and keeps the first failure of each criterion, shrunk by
-``shrink_loop`` to the fewest operations that still show it.
+``Search.failures`` tries seeded random cases and keeps the first failure of each
+criterion, shrunk to the fewest operations that still show it. The last criterion serves
+real requests (``CHAT_QUESTIONS``, the one list of default prompts).
 
 Not handled: partial credit within a criterion.
 """
@@ -22,11 +26,14 @@ Not handled: partial credit within a criterion.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from kvlab.cache.base import BlockInfo
 
 
 @dataclass(frozen=True)
@@ -86,69 +93,142 @@ class Report:
         return "\n".join(lines)
 
 
-def shrunk_failures(
-    make: Callable,
-    first_difference: Callable,
-    shrink: Callable,
-    random_case: Callable[[random.Random], list],
-    show_case: Callable[[list], str],
-    num_sequences: int,
-    seed: int,
-) -> dict[str, tuple[str, str]]:
-    """``criterion -> (what happened in the shortest case, misconception)`` for every
-    criterion some of ``num_sequences`` seeded random cases break.
+@dataclass(frozen=True)
+class Search:
+    """How a build-it's grader finds the shortest case that breaks each criterion.
 
-    Args:
-        make: the learner's class.
-        first_difference: ``(make, ops) -> (criterion, detail, misconception) | None``.
-        shrink: ``(make, ops, criterion) -> ops``, fewer or smaller, still failing.
-        random_case: a random, valid list of operations.
-        show_case: a case in words.
+    Attributes:
+        first_difference: ``(learner, case) -> (criterion, detail, misconception) | None``.
+        candidates: ``case -> smaller cases``, tried in order while one still fails.
+        random_case: a seeded, valid random case (a list of operations or requests).
+        show_op: one operation in words; ``show_case`` joins them, unless given.
+        show_case: a whole case in words, where its operations do not read alone.
+        probes: fixed cases the random ones rarely reach, ``learner -> failure | None``.
     """
-    rng = random.Random(seed)
-    failures: dict[str, tuple[str, str]] = {}
-    for _ in range(num_sequences):
-        ops = random_case(rng)
-        failure = first_difference(make, ops)
-        if failure is None or failure[0] in failures:
-            continue
-        small = shrink(make, ops, failure[0])
-        _, detail, misconception = first_difference(make, small)
-        failures[failure[0]] = (f"{detail} (shortest case: {show_case(small)})", misconception)
-    return failures
+
+    first_difference: Callable
+    candidates: Callable[[list], Iterable[list]]
+    random_case: Callable[[random.Random], list]
+    show_op: Callable | None = None
+    show_case: Callable[[list], str] | None = None
+    probes: tuple = ()
+
+    def shrink(self, make, case: list, criterion: str) -> list:
+        """The smallest version of ``case`` that still breaks ``criterion``."""
+
+        def still_fails(candidate: list) -> bool:
+            failure = self.first_difference(make, candidate)
+            return failure is not None and failure[0] == criterion
+
+        shrunk = True
+        while shrunk:  # the first smaller case that still fails, until none does
+            shrunk = False
+            for candidate in self.candidates(case):
+                if still_fails(candidate):
+                    case, shrunk = candidate, True
+                    break
+        return case
+
+    def failures(self, make, num_cases: int, seed: int):
+        """``(criterion -> (detail, misconception), criterion -> shortest case)`` for every
+        criterion that some of ``num_cases`` seeded random cases, or a probe, break (a
+        probe's failure has no case)."""
+        show = self.show_case or (lambda case: "; ".join(map(self.show_op, case)))
+        rng = random.Random(seed)
+        failures: dict[str, tuple[str, str]] = {}
+        cases: dict[str, list] = {}
+        for _ in range(num_cases):
+            case = self.random_case(rng)
+            failure = self.first_difference(make, case)
+            if failure is None or failure[0] in failures:
+                continue
+            small = cases[failure[0]] = self.shrink(make, case, failure[0])
+            _, detail, why = self.first_difference(make, small)
+            failures[failure[0]] = (f"{detail} (shortest case: {show(small)})", why)
+        for probe in self.probes:
+            failure = probe(make)
+            if failure is not None:
+                failures.setdefault(failure[0], failure[1:])
+        return failures, cases
 
 
-def show_ops(show_op: Callable) -> Callable[[list], str]:
-    """A case of operations in words, from how one operation reads."""
-    return lambda ops: "; ".join(show_op(op) for op in ops)
+@dataclass(frozen=True)
+class Replay:
+    """How ``kvlab.widgets.failure_replay`` runs a failing case on the learner's state.
+
+    Attributes:
+        asks: the method that tells a learner's class for this build-it.
+        title: the page map's title.
+        new_state: ``learner class -> state`` the calls run on.
+        run: ``(state, op) -> None``, one call on the learner's code.
+        pool: ``state -> (block infos, usage, block_size)``, as the page map draws it.
+    """
+
+    asks: str
+    title: str
+    new_state: Callable
+    run: Callable
+    pool: Callable
 
 
-def shrink_loop(
-    ops: list, still_fails: Callable[[list], bool], candidates: Callable[[list], Iterable[list]]
-) -> list:
-    """Replace ``ops`` by the first of its ``candidates`` (smaller versions) that still
-    fails, until none does."""
-    shrunk = True
-    while shrunk:
-        shrunk = False
-        for candidate in candidates(ops):
-            if still_fails(candidate):
-                ops, shrunk = candidate, True
-                break
-    return ops
+@dataclass(frozen=True)
+class BuildIt:
+    """One build-it exercise, as the generic check, hint, reveal and replay read it.
 
+    Attributes:
+        criteria: ``key -> what it asks``, in order: "written" first, "generation" last.
+        hints: from a nudge to the whole algorithm in numbered steps.
+        stuck: the line under a failed report: where the hints are.
+        written: ``learner -> Verdict``, the first criterion: every method runs.
+        search: finds the cases that break the criteria between the first and the last
+            (anything with ``Search.failures``).
+        reveal_sources: ``() -> kvlab objects`` whose source the reveal shows.
+        replay: how a failing case is drawn, or None.
+    """
 
-def verdicts_until_failure(criteria: list[str], failures: dict[str, tuple[str, str]]):
-    """One verdict per criterion, in order, up to and including the first that ``failures``
-    (``criterion -> (detail, misconception)``) holds; and whether one failed."""
-    verdicts = []
-    for criterion in criteria:
-        if criterion in failures:
-            detail, why = failures[criterion]
-            verdicts.append(Verdict(criterion, False, detail, why))
-            return verdicts, True
-        verdicts.append(Verdict(criterion, True))
-    return verdicts, False
+    criteria: dict[str, str]
+    hints: tuple[str, ...]
+    stuck: str
+    written: Callable
+    search: object
+    reveal_sources: Callable[[], tuple]
+    replay: Replay | None = None
+
+    def check(
+        self, learner, generation: Callable[[], Verdict], num_cases: int = 0, seed: int = 0
+    ) -> Report:
+        """Grade ``learner`` criterion by criterion, stopping at the first failure (later
+        criteria assume the earlier ones hold); ``generation`` runs last, only when every
+        other criterion holds."""
+        verdicts = [self.written(learner)]
+        if verdicts[0].passed:
+            failures, _ = self.search.failures(learner, num_cases, seed)
+            # Only up to the first failure: a case stops at its first difference, so a later
+            # criterion that no case reached failing is not known to hold.
+            for criterion in list(self.criteria)[1:-1]:
+                detail, why = failures.get(criterion, ("", ""))
+                verdicts.append(Verdict(criterion, criterion not in failures, detail, why))
+                if criterion in failures:
+                    break
+            else:
+                verdicts.append(generation())
+        return Report(verdicts, self.criteria, self.stuck)
+
+    def hint(self, level: int = 1) -> Hint:
+        """Hint ``level``: 1 is a nudge, the last the whole algorithm in steps.
+
+        Raises:
+            ValueError: a level outside 1..len(hints).
+        """
+        last = len(self.hints)
+        if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= last:
+            raise ValueError(f"level={level!r} is not allowed: use 1 to {last}")
+        return Hint(self.hints[level - 1])
+
+    def reveal(self) -> str:
+        """kvlab's own code for what the learner writes."""
+        sources = (inspect.getsource(source) for source in self.reveal_sources())
+        return "\n".join(sources)
 
 
 CHAT_QUESTIONS = ("What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3.")
@@ -162,21 +242,10 @@ class Hint(str):
         return str(self)
 
 
-def hint(hints: Sequence[str], level: int) -> Hint:
-    """Hint ``level`` of a build-it: 1 is a nudge, the last the whole algorithm in steps.
-
-    Raises:
-        ValueError: a level outside 1..len(hints).
-    """
-    if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= len(hints):
-        raise ValueError(f"level={level!r} is not allowed: use 1 to {len(hints)}")
-    return Hint(hints[level - 1])
-
-
 def model_and_prompts(model=None, prompts=None):
     """``(model, prompts)`` for a check's generation: SmolLM2 and four chat prompts by
     default; prompts must be given with any other model (it may have no tokenizer)."""
-    from kvlab.model.loading import chat_prompt, load_model
+    from kvlab.model.loading import load_model
 
     tokenizer = None
     if model is None:
@@ -184,8 +253,15 @@ def model_and_prompts(model=None, prompts=None):
     if prompts is None:
         if tokenizer is None:
             raise ValueError("prompts=None needs the default model (SmolLM2, with its tokenizer)")
-        prompts = [chat_prompt(tokenizer, question) for question in CHAT_QUESTIONS]
+        prompts = chat_prompts(tokenizer)
     return model, prompts
+
+
+def chat_prompts(tokenizer, system: str | None = None) -> list[list[int]]:
+    """``CHAT_QUESTIONS`` as token ids, in the model's chat template."""
+    from kvlab.model.loading import chat_prompt
+
+    return [chat_prompt(tokenizer, question, system=system) for question in CHAT_QUESTIONS]
 
 
 @contextlib.contextmanager
@@ -198,6 +274,14 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def different_requests(yours: list, kvlab: list, why: str) -> Verdict | None:
+    """The failed generation verdict when some requests' tokens are not kvlab's, or None."""
+    bad = [i for i, (a, b) in enumerate(zip(yours, kvlab, strict=True)) if a != b]
+    if not bad:
+        return None
+    return Verdict("generation", False, f"requests {bad} came out different from kvlab's", why)
 
 
 def engine_stopped(error: Exception) -> Verdict:
@@ -246,3 +330,18 @@ def check_calls(
         if why_after is not None:
             why = why_after(obj, name, args) or why
     return Verdict("written", True)
+
+
+def block_infos(holders: dict, filled: dict, num_blocks: int) -> tuple[BlockInfo, ...]:
+    """A learner's pool as the page map draws it (``Replay.pool``): ``holders``, block ->
+    [(seq_id, its index in that sequence's table)], and ``filled``, block -> slots written."""
+    infos = []
+    for block in range(num_blocks):
+        held = holders.get(block, ())
+        seq_ids, first = tuple(s for s, _ in held), held[0][1] if held else None
+        infos.append(BlockInfo(block, len(held), seq_ids, first, filled.get(block, 0), False))
+    return tuple(infos)
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -3,7 +3,9 @@
 ``LearnerPool`` forwards every change to the learner's methods and answers every question
 from the learner's state, unchecked: a wrong answer misleads the manager exactly as a
 wrong ``BlockPool`` would. ``call`` runs one learner method and tells a ``CacheFullError``
-(allowed) from any other error (a bug in that method).
+(allowed) from any other error (a bug in that method); ``call_learner`` returns the
+``CacheFullError``, a refusal to compare with kvlab's (the arena's and block manager's
+graders).
 
 Not handled: a pool without the stub's four attributes (``ref_cnt``, ``block_hash``,
 ``free_queue``, ``cached``: ``block_hash -> [block_id, ...]``, the copies of a hash in the
@@ -33,6 +35,15 @@ def call(name: str, method, *args):
         raise
     except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict
         raise LearnerError(name, f"{name}() raised {type(error).__name__}: {error}") from error
+
+
+def call_learner(name: str, method, *args):
+    """``method(*args)``, or the ``CacheFullError`` it raised: a refusal is an answer to
+    compare. Any other error is a ``LearnerError``, a verdict on the method ``name``."""
+    try:
+        return call(name, method, *args)
+    except CacheFullError as error:
+        return error
 
 
 class LearnerPool:

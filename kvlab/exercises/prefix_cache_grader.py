@@ -4,9 +4,10 @@
     first_difference(make, ops)   the first criterion a sequence of requests breaks, what
                                   happened, and the misconception that the failing
                                   operation and the state it saw point to ("" if none does)
-    random_ops(rng, n)            seeded requests whose prompts share prefixes (so blocks
+    random_ops(rng)               seeded requests whose prompts share prefixes (so blocks
                                   are hit, freed, kept cached and evicted)
-    shrink(make, ops, criterion)  the fewest operations still breaking it
+    candidates(ops)               smaller sequences, to shrink a failure with
+    managers, apply_op, view      a sequence replayed on the learner's pool
     PROBES                        fixed cases the random requests rarely reach: a prompt
                                   whose first block was evicted, several plain blocks freed
                                   at once, a block hashed twice, an exact fit, a refusal
@@ -34,11 +35,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvlab.cache.base import CacheUsage
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.manager import CacheFullError
 from kvlab.cache.prefix_cache import ROOT_HASH, hash_block_tokens
-from kvlab.exercises.grading import shrink_loop
 from kvlab.exercises.learner_pool import LearnerError, LearnerPool, call
 
 NUM_BLOCKS = 10
@@ -524,9 +525,10 @@ def show_op(op: Op) -> str:
 # ---- random operations, and shrinking a failure -------------------------------------------
 
 
-def random_ops(rng: random.Random, length: int) -> list[Op]:
+def random_ops(rng: random.Random) -> list[Op]:
+    """2 to 16 requests added, grown and freed; the prompts share prefixes."""
     ops, live, next_id = [], [], 0
-    for _ in range(length):
+    for _ in range(rng.randint(2, 16)):
         roll = rng.random()
         if live and roll < 0.3:
             ops.append(("free", live.pop(rng.randrange(len(live)))))
@@ -538,7 +540,7 @@ def random_ops(rng: random.Random, length: int) -> list[Op]:
             ops.append(("add", next_id, prefix + tail))
             live.append(next_id)
             next_id += 1
-    return ops
+    return valid_ops(ops)
 
 
 def valid_ops(ops: list[Op]) -> list[Op]:
@@ -554,20 +556,23 @@ def valid_ops(ops: list[Op]) -> list[Op]:
     return kept
 
 
-def shrink(make: Callable, ops: list[Op], criterion: str) -> list[Op]:
-    """The fewest operations (and shortest prompts) that still fail ``criterion``."""
+def candidates(ops: list[Op]):
+    """Smaller cases: drop one operation or a prompt's last token."""
+    yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
+    for i, op in enumerate(ops):
+        if op[0] == "add" and len(op[2]) > 1:
+            yield ops[:i] + [("add", op[1], op[2][:-1])] + ops[i + 1 :]
 
-    def still_fails(candidate: list[Op]) -> bool:
-        failure = first_difference(make, candidate)
-        return failure is not None and failure[0] == criterion
 
-    def candidates(ops: list[Op]):
-        yield from (valid_ops(ops[:i] + ops[i + 1 :]) for i in range(len(ops)))
-        for i, op in enumerate(ops):
-            if op[0] == "add" and len(op[2]) > 1:
-                yield ops[:i] + [("add", op[1], op[2][:-1])] + ops[i + 1 :]
+def view(manager):
+    """The learner's pool (in the manager ``managers`` builds) as a paged cache draws it:
+    holders, fill, cached blocks, from the learner's ``ref_cnt`` and ``block_hash``."""
+    from kvlab.engine.model_free import bookkeeping_cache
 
-    return shrink_loop(ops, still_fails, candidates)
+    cache = bookkeeping_cache(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, manager=manager)
+    slots = manager.usage()  # in slots: the cache holds no tensors, its bytes are 0
+    usage = CacheUsage(slots.num_slots, slots.num_reserved_slots, slots.num_used_slots)
+    return tuple(cache.block_infos()), usage, BLOCK_SIZE
 
 
 # Fixed cases the random requests rarely reach; the check and its replay both run them.

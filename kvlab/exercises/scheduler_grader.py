@@ -5,7 +5,7 @@ serve the same small trace side by side, step by step, and a failure is shrunk t
                                     which step, and the misconception it most often means
     random_trace(rng)               a seeded trace of a few requests, in arrival order
     show_trace(trace)               the trace in words
-    shrink(make, trace, criterion)  the fewest, shortest requests that still break it
+    candidates(trace)               smaller traces, to shrink a failure with
 
 Both schedulers run inside ``LLMEngine`` with the model-free runner
 (``kvlab.engine.model_free``) over a small paged pool, so every step is the engine's real
@@ -14,7 +14,7 @@ learner's plan is then checked, before the engine uses it, against the rules any
 must keep and then against kvlab's plan (``kvlab.exercises.scheduler_rules``). At the end
 every request must have all its tokens and the pool must be empty.
 
-``kvlab.exercises.build_scheduler`` turns these into a report. Not handled: swapping,
+``kvlab.exercises.build_scheduler`` describes the exercise with these. Not handled: swapping,
 priorities, static and dynamic batching, forks (``n > 1``).
 """
 
@@ -31,7 +31,6 @@ from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
-from kvlab.exercises.grading import shrink_loop
 from kvlab.exercises.scheduler_rules import (
     BLOCK_SIZE,
     EXTRA_STEPS,
@@ -160,28 +159,20 @@ def first_difference(make: Callable, trace: list[Request]) -> tuple[str, str, st
     return check_end(yours, steps[0])
 
 
-def shrink(make: Callable, trace: list[Request], criterion: str) -> list[Request]:
-    """The fewest, shortest requests that still break ``criterion``."""
-
-    def still_fails(candidate: list[Request]) -> bool:
-        failure = first_difference(make, candidate)
-        return failure is not None and failure[0] == criterion
-
-    def candidates(trace: list[Request]):
-        first = trace[0][0] if trace else 0
-        if first > 0:
-            yield [(arrival - first, prompt, output) for arrival, prompt, output in trace]
-        for i in range(len(trace)):
-            yield trace[:i] + trace[i + 1 :]
-        for i, (arrival, prompt, output) in enumerate(trace):
-            smaller = [
-                (arrival, prompt // 2, output),
-                (arrival, prompt - 1, output),
-                (arrival, prompt, output - 1),
-                (arrival - 1, prompt, output),
-            ]
-            for request in smaller:
-                if min(request[1:]) >= 1 and request[0] >= 0:
-                    yield sorted(trace[:i] + [request] + trace[i + 1 :], key=lambda r: r[0])
-
-    return shrink_loop(trace, still_fails, candidates)
+def candidates(trace: list[Request]):
+    """Smaller traces: from t=0, fewer requests, shorter prompts and outputs, earlier."""
+    first = trace[0][0] if trace else 0
+    if first > 0:
+        yield [(arrival - first, prompt, output) for arrival, prompt, output in trace]
+    for i in range(len(trace)):
+        yield trace[:i] + trace[i + 1 :]
+    for i, (arrival, prompt, output) in enumerate(trace):
+        smaller = [
+            (arrival, prompt // 2, output),
+            (arrival, prompt - 1, output),
+            (arrival, prompt, output - 1),
+            (arrival - 1, prompt, output),
+        ]
+        for request in smaller:
+            if min(request[1:]) >= 1 and request[0] >= 0:
+                yield sorted(trace[:i] + [request] + trace[i + 1 :], key=lambda r: r[0])

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.engine.request import RequestStatus
+from kvlab.exercises.grading import plural
 
 # The grader's setting: small enough that prompts are chunked and requests preempted.
 NUM_BLOCKS = 10
@@ -88,10 +89,6 @@ class Plan:
 
 def name(seq_id: int) -> str:
     return f"r{seq_id}"
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def tokens(n: int) -> str:

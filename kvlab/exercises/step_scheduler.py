@@ -43,7 +43,7 @@ class StepScheduler(Scheduler):
         out.add(request, num_new), out.admitted, out.preempted.
     """
 
-    def __init__(self, config, kv, swap_space=None) -> None:
+    def __init__(self, config, kv, num_cpu_blocks: int = 0) -> None:
         settings = {
             "scheduling": "continuous",
             "scheduling_policy": "fcfs",
@@ -55,7 +55,7 @@ class StepScheduler(Scheduler):
                     f"{name}={getattr(config, name)!r} is not allowed: a StepScheduler "
                     f"schedules with {name}={allowed!r} only"
                 )
-        super().__init__(config, kv, swap_space)
+        super().__init__(config, kv, num_cpu_blocks)
 
     def schedule(self, now: float) -> SchedulerOutput:
         """One step: the running requests, then (when nobody was preempted) the waiting."""
