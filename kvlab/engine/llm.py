@@ -39,6 +39,7 @@ from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.step_stats import StepStats
+from kvlab.model.compiled import CompiledRunner
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner
 
@@ -76,6 +77,9 @@ class LLM:
             one call), ``"reference"`` (one sequence at a time), ``"triton"`` (kvlab's
             kernels) or ``"cpu"`` (kvlab's C kernel, built on first use); see
             ``kvlab.attention``.
+        compile: run the model's work between attention calls compiled by torch.compile
+            (``kvlab.model.compiled``; CPU only). The same tokens; not faster on a 2-core
+            CPU, where it was measured.
         watermark: admission watermark in [0, 1): the share of the KV pool that
             must stay reusable after a new request takes its blocks (see
             ``kvlab.engine.scheduler.SchedulerConfig``).
@@ -110,6 +114,7 @@ class LLM:
         swap_space_bytes: int | None = None,
         prefetch: bool = True,
         attention_backend: str = "sdpa",
+        compile: bool = False,
         watermark: float = 0.0,
         reservation_policy: str = "max_model_len",
         device: str | torch.device | None = None,
@@ -143,7 +148,16 @@ class LLM:
             prefetch=prefetch,
         )  # checks its own fields
         self.model, self.tokenizer = _load(model, tokenizer, device, dtype)
-        runner = ModelRunner(self.model, attention=attention_backend)
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile={compile!r} is not allowed: use True or False")
+        if compile and next(self.model.parameters()).device.type != "cpu":
+            raise ValueError(
+                "compile=True is not allowed on a GPU: the compiled runner builds CPU code; "
+                "use compile=False"
+            )
+        runner = (CompiledRunner if compile else ModelRunner)(
+            self.model, attention=attention_backend
+        )
         context = self.model.config.max_position_embeddings
         if max_model_len is not None and max_model_len > context:
             raise ValueError(

@@ -16,6 +16,8 @@ benchmark times, in interleaved rounds at each batch size:
                        for any engine that does these multiplies in float32 (vLLM on a CPU
                        calls the same oneDNN kernels)
     bare forward       transformers' model on (B, 1) input ids, ``use_cache=False``
+    kvlab compiled     with ``--compile``: kvlab's step with the work between attention
+                       calls compiled by torch.compile (``kvlab.model.compiled``)
 
 and prints milliseconds per step (the median of the rounds), ``bare / kvlab`` (1.0 means
 kvlab's step, context and all, costs what the bare forward costs) and ``matmuls / kvlab``
@@ -24,6 +26,12 @@ kvlab's step, context and all, costs what the bare forward costs) and ``matmuls 
     python -m kvlab.measure.decode_step --threads 1
     python -m kvlab.measure.decode_step --batch-sizes 32 64 --context 256
     python -m kvlab.measure.decode_step --batch-sizes 32 --threads 1 --by-part
+    python -m kvlab.measure.decode_step --threads 1 --compile
+
+``--compile`` adds ``compiled / kvlab`` (below 1.0: the compiled step is faster),
+``matmuls / compiled``, and ``compile s``: the seconds the compiled runner's first step
+took beyond kvlab's (the first batch size compiles; later ones reuse the graphs, whose
+token dimension is dynamic, and show about 0).
 
 ``--by-part`` also splits kvlab's step at each batch size into the parts an engine does
 besides its matrix multiplies, each timed alone on the step's own shapes in the same
@@ -60,27 +68,44 @@ import torch.nn.functional as F
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
+from kvlab.model.compiled import CompiledRunner
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
 METHODS = ("kvlab", "kvlab sdpa", "kvlab row-major", "matmuls only", "bare forward")
+COMPILED = "kvlab compiled"
 PARTS = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "activation",
          "residual")  # fmt: skip
 
 
 def decode_step_times(
-    model, batch_size: int, context: int, rounds: int = 12, block_size: int = 16
+    model,
+    batch_size: int,
+    context: int,
+    rounds: int = 12,
+    block_size: int = 16,
+    compiled: bool = False,
 ) -> dict[str, float]:
-    """Median seconds of one decode step of ``batch_size`` sequences, by method."""
+    """Median seconds of one decode step of ``batch_size`` sequences, by method; with
+    ``compiled``, also ``COMPILED`` and "compile": how much longer the compiled runner's
+    first forward (a prefill of ``context`` tokens per sequence) took than kvlab's, the
+    compile where no earlier runner in this process compiled these graphs."""
+    backend = fastest_backend(model.device)
     runners = {
-        "kvlab": ModelRunner(model, attention=fastest_backend(model.device)),
+        "kvlab": ModelRunner(model, attention=backend),
         "kvlab sdpa": ModelRunner(model, attention="sdpa"),
         "kvlab row-major": ModelRunner(model, attention="sdpa", onednn=False),
     }
+    if compiled:
+        runners[COMPILED] = CompiledRunner(model, attention=backend)
+    methods = METHODS + ((COMPILED,) if compiled else ())
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    caches = {name: _filled_cache(runner, batch_size, context, block_size, generator)
-              for name, runner in runners.items()}  # fmt: skip
+    caches, first_step = {}, {}
+    for name, runner in runners.items():
+        start = time.perf_counter()
+        caches[name] = _filled_cache(runner, batch_size, context, block_size, generator)
+        first_step[name] = time.perf_counter() - start
     batch = ForwardBatch.build(
         list(range(batch_size)), [context] * batch_size, [1] * batch_size
     )  # the step's new token: position `context` of every sequence
@@ -96,15 +121,18 @@ def decode_step_times(
     }
     steps["matmuls only"] = _matmuls(runners["kvlab"], batch_size, generator)
     steps["bare forward"] = bare
-    seconds: dict[str, list[float]] = {name: [] for name in METHODS}
+    seconds: dict[str, list[float]] = {name: [] for name in methods}
     for step in steps.values():
         step()  # warm up
     for _ in range(rounds):
-        for name in METHODS:
+        for name in methods:
             start = time.perf_counter()
             steps[name]()
             seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in seconds.items()}
+    medians = {name: statistics.median(times) for name, times in seconds.items()}
+    if compiled:
+        medians["compile"] = first_step[COMPILED] - first_step["kvlab"]
+    return medians
 
 
 def decode_step_parts(
@@ -242,6 +270,9 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--by-part", action="store_true", help="also split kvlab's step into its parts"
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="also time the torch.compile'd runner"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -249,13 +280,23 @@ def main(argv=None) -> None:
     print(f"{args.model}, float32, {torch.get_num_threads()} threads, {args.context} tokens of "
           f"context per sequence; ms per decode step, median of {args.rounds} rounds")  # fmt: skip
     print(f"kvlab's attention backend: {fastest_backend(model.device)}")
+    methods = METHODS + ((COMPILED,) if args.compile else ())
     ratios = ("bare / kvlab", "matmuls / kvlab")
-    print(f"{'batch':>5}" + "".join(f"{name:>16}" for name in METHODS + ratios))
+    ratios += ("compiled / kvlab", "matmuls / compiled", "compile s") if args.compile else ()
+    width = 19 if args.compile else 16  # the compiled columns' names are longer
+    print(f"{'batch':>5}" + "".join(f"{name:>{width}}" for name in methods + ratios))
     for batch_size in args.batch_sizes:
-        times = decode_step_times(model, batch_size, args.context, args.rounds)
-        cells = "".join(f"{times[name] * 1e3:>16.1f}" for name in METHODS)
-        bare, matmuls = (times[name] / times["kvlab"] for name in ("bare forward", "matmuls only"))
-        print(f"{batch_size:>5}{cells}{bare:>16.2f}{matmuls:>16.2f}")
+        times = decode_step_times(
+            model, batch_size, args.context, args.rounds, compiled=args.compile
+        )
+        kvlab, matmuls = times["kvlab"], times["matmuls only"]
+        shares = [times["bare forward"] / kvlab, matmuls / kvlab]
+        if args.compile:
+            shares += [times[COMPILED] / kvlab, matmuls / times[COMPILED]]
+        row = "".join(f"{times[name] * 1e3:>{width}.1f}" for name in methods)
+        row += "".join(f"{share:>{width}.2f}" for share in shares)
+        row += f"{times['compile']:>{width}.1f}" if args.compile else ""
+        print(f"{batch_size:>5}{row}")
     if args.by_part:
         for batch_size in args.batch_sizes:
             print(

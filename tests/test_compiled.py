@@ -1,0 +1,110 @@
+"""The compiled runner (``kvlab.model.compiled``) against its oracle, the eager runner.
+
+Greedy tokens must be identical (inductor's fused RMSNorm and SiLU may round the last bit
+differently, so logits are compared with a tolerance), on the tiny models and on SmolLM2,
+and the token dimension must be dynamic: a second batch size compiles nothing new.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompts
+
+import kvlab
+from kvlab.attention import fastest_backend
+from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.step import ForwardBatch
+from kvlab.model.compiled import CompiledRunner, compile_unavailable
+from kvlab.model.greedy import greedy_generate
+from kvlab.model.loading import chat_prompt
+from kvlab.model.runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(
+    compile_unavailable() is not None, reason=f"no torch.compile: {compile_unavailable()}"
+)
+
+
+def generate(runner, prompts, max_new_tokens, eos_token_id=None):
+    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=128, block_size=16)
+    return greedy_generate(runner, cache, prompts, max_new_tokens, eos_token_id=eos_token_id)
+
+
+def unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_tiny_tokens_match_eager(tiny, one_thread):
+    """A batch of three prompts, then one prompt alone (a one-row step is a graph apart)."""
+    backend = fastest_backend("cpu")
+    eager, compiled = ModelRunner(tiny, backend), CompiledRunner(tiny, backend)
+    for lengths in ([5, 19, 2], [7]):
+        prompts = random_prompts(tiny.config.vocab_size, lengths)
+        assert generate(compiled, prompts, 12) == generate(eager, prompts, 12)
+
+
+def test_tiny_logits_close_to_eager(tiny, one_thread):
+    prompt = random_prompts(tiny.config.vocab_size, [9])[0]
+    logits = []
+    for runner in (ModelRunner(tiny), CompiledRunner(tiny)):
+        cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=4, block_size=16)
+        cache.allocate_slots(0, len(prompt))
+        batch = ForwardBatch.build([0], [0], [len(prompt)])
+        logits.append(runner.forward(torch.tensor(prompt), batch, cache))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_new_batch_size_compiles_nothing(one_thread):
+    """Each of the three stretches compiles once, for every batch of more than one row."""
+    model, _ = kvlab.load_model("tiny", device="cpu")
+    torch._dynamo.reset()
+    runner = CompiledRunner(model)
+    before = unique_graphs()
+    generate(runner, random_prompts(model.config.vocab_size, [5, 11, 3]), 4)
+    assert unique_graphs() - before == 3
+    generate(runner, random_prompts(model.config.vocab_size, [8, 2], seed=1), 4)
+    assert unique_graphs() - before == 3
+
+
+def test_smollm2_tokens_match_eager(smollm2, one_thread):
+    """Chat prompts stopping at EOS (the batch shrinks as answers end) and plain text."""
+    model, tokenizer = smollm2
+    backend = fastest_backend("cpu")
+    eager, compiled = ModelRunner(model, backend), CompiledRunner(model, backend)
+    questions = ["What is the capital of France?", "Write a haiku about memory.",
+                 "Explain in two sentences why the sky is blue to a child who asks."]  # fmt: skip
+    chats = [chat_prompt(tokenizer, q) for q in questions]
+    eos = tokenizer.eos_token_id
+    answers = generate(compiled, chats, 48, eos)
+    assert answers == generate(eager, chats, 48, eos)
+    assert tokenizer.decode(answers[0]) == "The capital of France is Paris.<|im_end|>"
+    texts = ["Once upon a time, in a small village by the sea,", "The three most important ideas"]
+    texts = [tokenizer(t)["input_ids"] for t in texts]
+    assert generate(compiled, texts, 32) == generate(eager, texts, 32)
+
+
+def test_decode_step_benchmark_times_the_compiled_step(tiny_model, one_thread):
+    from kvlab.measure.decode_step import COMPILED, METHODS, decode_step_times
+
+    times = decode_step_times(tiny_model, batch_size=3, context=9, rounds=2, block_size=4,
+                              compiled=True)  # fmt: skip
+    assert set(times) == {*METHODS, COMPILED, "compile"}
+    assert all(times[name] > 0 for name in (*METHODS, COMPILED))
+
+
+def test_llm_compile_serves_the_same_tokens(tiny, one_thread):
+    """``LLM(compile=True)`` through the engine: requests join and leave the batch (three
+    seats, five prompts), and every token equals the eager engine's."""
+    from kvlab import LLM, SamplingParams
+
+    prompts = random_prompts(tiny.config.vocab_size, [5, 9, 3, 12, 7])
+    params = SamplingParams(temperature=0, max_tokens=6)
+    runs = {}
+    for compile_ in (False, True):
+        llm = LLM(tiny, num_blocks=64, block_size=4, max_num_seqs=3, compile=compile_)
+        assert isinstance(llm.engine.runner, CompiledRunner) is compile_
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        runs[compile_] = [o.outputs[0].token_ids for o in outputs]
+    assert runs[True] == runs[False]
+    with pytest.raises(ValueError, match="compile='yes' is not allowed"):
+        LLM(tiny, num_blocks=8, compile="yes")
