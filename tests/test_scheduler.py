@@ -314,6 +314,77 @@ def test_the_decode_fast_path_schedules_exactly_as_the_loop(mode, policy, seed):
     assert runs[0][2] > 0  # the pool is tight enough to preempt
 
 
+def first_wrong_read(seed: int, mode: str, policy: str) -> str | None:
+    """Drive the scheduler over a tight pool with a fake device that keeps, for each block,
+    the token each slot holds: every step makes its planned moves in the engine's order
+    (out to CPU, copy-on-write, back, prefetch), checks that each scheduled request reads
+    its own tokens at every computed position, then writes its new ones. Prompts share
+    prefixes, so blocks are adopted from the prefix cache, freed and evicted."""
+    import random
+
+    rng = random.Random(seed)
+    block_size, num_seqs = rng.choice([2, 4]), rng.randint(2, 6)
+    # The longest request (15 prompt and 12 output tokens) just fits alone.
+    cache = paged(num_blocks=-(-28 // block_size) + rng.randint(0, 3), block_size=block_size)
+    config = SchedulerConfig(
+        max_num_seqs=num_seqs,
+        max_num_batched_tokens=rng.randint(num_seqs, 16),
+        preemption_mode=mode,
+        scheduling_policy=policy,
+        prefetch=rng.random() < 0.5,
+    )
+    scheduler = Scheduler(config, cache.manager, rng.choice([4, 8, 16]) if mode == "swap" else 0)
+    prefixes = ([1, 2, 3, 4, 5, 6, 7, 8, 9], [50, 51, 52, 53, 54])
+    pending = []
+    for seq_id in range(rng.randint(4, 12)):
+        prompt = rng.choice(prefixes)[: rng.randint(2, 9)] + [100 + seq_id] * rng.randint(0, 6)
+        params = SamplingParams(temperature=0, max_tokens=rng.randint(1, 12))
+        arrival, priority = float(rng.randint(0, 5)), rng.randint(0, 3)
+        pending.append(Request(str(seq_id), seq_id, prompt, params, arrival, priority=priority))
+    pending.sort(key=lambda r: r.arrival_time)
+    device, cpu = {}, {}
+    for step in range(400):
+        while pending and pending[0].arrival_time <= step:
+            scheduler.add_request(pending.pop(0))
+        if not (pending or scheduler.has_unfinished()):
+            return None
+        out = scheduler.schedule(float(step))
+        scheduler.prefetch(out)
+        for block, cpu_block in out.blocks_to_swap_out:
+            cpu[cpu_block] = list(device.get(block, [None] * block_size))
+        for src, dst in out.blocks_to_copy:
+            device[dst] = list(device.get(src, [None] * block_size))
+        for cpu_block, block in out.blocks_to_swap_in + out.blocks_to_prefetch:
+            device[block] = list(cpu[cpu_block])
+        for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
+            table, ids = cache.manager.block_table(request.seq_id), request.token_ids
+            for pos in range(request.num_computed_tokens + num_new):
+                held = device.setdefault(table[pos // block_size], [None] * block_size)
+                if pos >= request.num_computed_tokens:
+                    held[pos % block_size] = ids[pos]
+                elif held[pos % block_size] != ids[pos]:
+                    return (
+                        f"step {step}: seq {request.seq_id} reads {held[pos % block_size]} at {pos}"
+                    )
+        finished = []
+        for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens == request.num_tokens:
+                if request.append_token(200 + request.seq_id):
+                    finished.append(request)
+        scheduler.finish_running(finished)
+    return "did not finish"
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_every_step_reads_the_kv_its_requests_wrote(mode, policy):
+    """The plan's moves keep every block's contents: swap-outs, copies, swap-ins (also one
+    undone in its step: its blocks are hashed, so they must be filled) and prefetches."""
+    wrong = {seed: first_wrong_read(seed, mode, policy) for seed in range(150)}
+    assert {seed: why for seed, why in wrong.items() if why} == {}
+
+
 def test_contiguous_cache_admits_only_what_its_reservations_fit():
     cache = ContiguousKVCache(1, 1, 2, num_slots=40, reservation_policy="exact", device="cpu")
     scheduler = make(cache=cache)

@@ -38,10 +38,9 @@ a block's hash is made, and the map from hashes to blocks, is ``kvlab.cache.pref
 ``BlockPoolInterface`` declares what the block manager reads from a pool, for a pool of
 one's own (lab 06's build-it: ``LLM(..., block_pool=...)``).
 
-Not handled here: the tensors (see ``kvlab.cache.paged``), per-sequence block tables (see
-``kvlab.cache.block_manager``).
 Not handled: resetting the prefix cache (vLLM's ``reset_prefix_cache``, after new weights):
-a cached block leaves only by eviction.
+a cached block leaves only by eviction. The tensors are ``kvlab.cache.paged``'s, the
+per-sequence block tables ``kvlab.cache.block_manager``'s.
 """
 
 from __future__ import annotations
@@ -147,7 +146,7 @@ class BlockPool:
         prefix_cache: ``block_hash -> blocks`` of every cached block.
     """
 
-    def __init__(self, num_blocks: int, eviction_policy: type = LRUEviction) -> None:
+    def __init__(self, num_blocks: int, eviction_policy: type[LRUEviction] = LRUEviction) -> None:
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks

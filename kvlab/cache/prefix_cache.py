@@ -9,19 +9,21 @@ mean equal *prefixes*, not just equal 16-token windows:
     prompt B:  [sys sys sys sys][sys sys sys q_b][q_b ...]
                h0 equal          h1 differs: B reuses one block, computes the rest
 
-``PrefixCache`` maps each hash to the blocks that carry it: every full, computed block,
-held or free, until the block pool evicts it (``kvlab.cache.block_pool``; a free cached
-block goes after every plain free block, least recently used first). ``match_prefix``
-walks a new prompt's blocks and stops at the first hash it does not know; ``hash_full_blocks``
-gives the blocks a sequence has just filled their chained hashes, for the pool to cache.
-Two blocks may carry one hash (two sequences computed the same prefix side by side); the
-match takes the copy cached first. As vLLM 0.32.0 (``hash_block_tokens`` in
-``vllm/v1/core/kv_cache_utils.py``, ``FullAttentionManager.find_longest_cache_hit`` in
-``single_type_kv_cache_manager.py``), but for the hash function:
+``PrefixCache`` maps each hash to the blocks that carry it: every full block, held or
+free, from the step that fills it (its tokens are known when its slots are allocated, and
+the engine computes them in that step) until the block pool evicts it
+(``kvlab.cache.block_pool``; a free cached block goes after every plain free block, least
+recently used first). ``match_prefix`` walks a new prompt's blocks and stops at the first
+hash it does not know; ``hash_full_blocks`` gives the blocks a sequence has just filled
+their chained hashes, for the pool to cache. Two blocks may carry one hash (two sequences
+computed the same prefix side by side); the match takes the copy cached first. As vLLM
+0.32.0 (``hash_block_tokens`` in ``vllm/v1/core/kv_cache_utils.py``,
+``FullAttentionManager.find_longest_cache_hit`` in ``single_type_kv_cache_manager.py``),
+but for the hash function.
 
-Not handled: extra hash keys (LoRA adapters, images, a cache salt), partial-block hits.
-Not handled: SHA-256 block hashes (vLLM's default ``--prefix-caching-hash-algo sha256``):
-kvlab hashes with Python's 64-bit ``hash``, so collisions are unlikely, not impossible.
+Not handled: extra hash keys (LoRA adapters, images, a cache salt), partial-block hits;
+SHA-256 block hashes (vLLM's default ``--prefix-caching-hash-algo sha256``): kvlab hashes
+with Python's 64-bit ``hash``, so collisions are unlikely, not impossible.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ The scheduler's swap planner (``kvlab.engine.swap_planner``) decides which block
 the engine hands the ``(src, dst)`` pairs of each step to ``SwapSpace`` before the step
 runs: ``swap_out`` copies device blocks to CPU blocks, ``swap_in`` copies them back.
 
-The copy back is the seed article's "Prefetch Engine": the scheduler plans it one step
-*before* the sequence runs again, so on a GPU it overlaps with the step that is computing
-meanwhile: the copy runs on a side CUDA stream from pinned memory (``non_blocking=True``),
-and the next forward waits for it on the GPU (``wait``), never on the CPU. On a CPU-only
-machine the copies are plain tensor copies.
+A prefetch is the seed article's "Prefetch Engine": the scheduler plans a copy back one
+step *before* the sequence runs again (``blocks_to_prefetch``; a plain swap-in is waited
+for), so on a GPU it overlaps with the step that is computing meanwhile: the copy runs on
+a side CUDA stream from pinned memory (``non_blocking=True``), and the next forward waits
+for it on the GPU (``wait``), never on the CPU. On a CPU-only machine the copies are
+plain tensor copies.
 
 Not handled: disk offload.
 """

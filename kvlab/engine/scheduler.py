@@ -276,7 +276,7 @@ class Scheduler:
             if not self._drop_prefetched():
                 victim = self._pick_victim()
                 if victim.status is RequestStatus.RUNNING and victim in out.requests:
-                    given_back += out._remove(victim)  # priority: a less important one ran first
+                    given_back += out.remove(victim)  # priority: a less important one ran first
                 self._preempt(victim, out)
                 if victim is request:
                     return False, given_back
@@ -343,6 +343,9 @@ class Scheduler:
                 )
             except CacheFullError:
                 break
+            # Copied even if the swap-in is undone below: its full blocks carry their hashes
+            # from the moment they were taken, so they must hold their K/V when freed.
+            out.blocks_to_swap_in += moves
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             start = request.num_computed_tokens
             try:
@@ -352,7 +355,6 @@ class Scheduler:
             except CacheFullError:
                 swap.undo_swap_in(request.seq_id)
                 break
-            out.blocks_to_swap_in += moves
             self.swapped.popleft()
             swap.release(request.seq_id)
             self.num_swap_ins += 1

@@ -71,7 +71,7 @@ class SchedulerOutput:
         self.requests.append(request)
         self.num_new_tokens.append(num_new_tokens)
 
-    def _remove(self, request: Request) -> int:
+    def remove(self, request: Request) -> int:
         """Take a request back out of this step; return the tokens it had."""
         index = self.requests.index(request)
         del self.requests[index]

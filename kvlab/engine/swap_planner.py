@@ -70,9 +70,6 @@ class SwapPlanner:
         """Free CPU blocks."""
         return len(self._free)
 
-    def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self._parked
-
     def can_swap_out(self, num_tokens: int) -> bool:
         return self.kv.blocks_for(num_tokens) <= len(self._free)
 
