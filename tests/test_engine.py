@@ -186,6 +186,29 @@ def test_preempted_requests_finish_with_the_same_tokens(tiny, mode, scheduling, 
     assert tight.engine.cache.num_free_blocks == 16  # everything came back
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_swapping_with_shared_prefixes_keeps_every_token(tiny, seed):
+    """Eight requests whose prompts share prefixes, swapped in and out of an 8-block pool
+    (prefix caching on): the same tokens as with room for all. Blocks that come back and
+    leave again within a step are hashed, so they must be filled before they are freed."""
+    import random
+
+    rng = random.Random(seed)
+    prefixes = ([1, 2, 3, 4, 5, 6, 7, 8, 9], [50, 51, 52, 53, 54])
+    prompts = [
+        rng.choice(prefixes)[: rng.randint(2, 9)] + [100 + i] * rng.randint(0, 6) for i in range(8)
+    ]
+    params = [
+        SamplingParams(temperature=0, max_tokens=rng.randint(1, 12), ignore_eos=True)
+        for _ in prompts
+    ]
+    runs = []
+    for pool in ({"num_blocks": 64}, {"num_blocks": 8, "preemption_mode": "swap"}):
+        llm = LLM(tiny, block_size=4, max_num_seqs=4, max_num_batched_tokens=16, **pool)
+        runs.append(tokens(llm.generate(prompts, params, use_tqdm=False)))
+    assert runs[1] == runs[0]
+
+
 def test_prefetch_brings_swapped_blocks_back_a_step_early(tiny):
     prompts = random_prompts(tiny.config.vocab_size, [5, 9, 14, 3, 20, 11, 6, 8])
     params = SamplingParams(temperature=0, max_tokens=24)
