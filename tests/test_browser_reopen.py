@@ -34,6 +34,17 @@ LABS = ["03_paged.ipynb", "04_batching.ipynb"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
+# JupyterLab's own debugger asks a new kernel for its state; a reload or a kernel shutdown
+# that comes first cancels the request and logs this. It is JupyterLab's race, not kvlab's
+# (it came and went between runs of the same commit), so it alone is not an error here.
+JUPYTERLAB_RACES = ("Could not restore the debugger state: Canceled future for debug_request",)
+
+
+def note_console_error(message, errors: list[str]) -> None:
+    if message.type == "error" and not message.text.startswith(JUPYTERLAB_RACES):
+        errors.append(message.text)
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     reason = missing_browser()
@@ -53,10 +64,7 @@ def lab(tmp_path_factory):
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.on(
-                "console",
-                lambda message: errors.append(message.text) if message.type == "error" else None,
-            )
+            page.on("console", lambda message: note_console_error(message, errors))
             yield page, server, errors
             browser.close()
     finally:

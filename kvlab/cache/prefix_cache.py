@@ -21,9 +21,9 @@ computed the same prefix side by side); the match takes the copy cached first. A
 ``FullAttentionManager.find_longest_cache_hit`` in ``single_type_kv_cache_manager.py``),
 but for the hash function.
 
-Not handled: extra hash keys (LoRA adapters, images, a cache salt), partial-block hits;
-SHA-256 block hashes (vLLM's default ``--prefix-caching-hash-algo sha256``): kvlab hashes
-with Python's 64-bit ``hash``, so collisions are unlikely, not impossible.
+Not handled: extra hash keys (LoRA adapters, images, a cache salt), partial-block hits.
+Not handled: SHA-256 block hashes (vLLM's default ``--prefix-caching-hash-algo sha256``):
+kvlab hashes with Python's 64-bit ``hash``, so collisions are unlikely, not impossible.
 """
 
 from __future__ import annotations
