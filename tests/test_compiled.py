@@ -7,6 +7,9 @@ and the token dimension must be dynamic: a second batch size compiles nothing ne
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import random_prompts
@@ -108,3 +111,13 @@ def test_llm_compile_serves_the_same_tokens(tiny, one_thread):
     assert runs[True] == runs[False]
     with pytest.raises(ValueError, match="compile='yes' is not allowed"):
         LLM(tiny, num_blocks=8, compile="yes")
+
+
+def test_importing_kvlab_registers_no_op():
+    """The compiled runner defines ``kvlab::linear`` when imported; a plain ``import kvlab``
+    (or the engine) must not import it."""
+    code = (
+        "import sys, kvlab, kvlab.engine.llm, kvlab.measure.decode_step\n"
+        "assert 'kvlab.model.compiled' not in sys.modules, 'imported at import time'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -442,3 +442,51 @@ def test_dynamic_batch_starts_exactly_at_its_timeout():
         use_tqdm=False,
     )
     assert len(outputs[0].outputs[0].token_ids) == 3
+
+
+def prefetch_counts(seed: int) -> dict[str, int]:
+    """Drive a swapping scheduler with prefetch over a tight pool, aborting a swapped
+    request now and then; count the swap-ins that found their request already copied back
+    (resident), and how often a resident copy was wasted (undone, dropped or aborted)."""
+    import random
+
+    rng = random.Random(seed)
+    cache = paged(num_blocks=9 + rng.randint(0, 4), block_size=2)
+    config = SchedulerConfig(max_num_seqs=rng.randint(2, 5), preemption_mode="swap", prefetch=True)
+    scheduler = Scheduler(config, cache.manager, 32)
+    for seq_id in range(rng.randint(4, 10)):
+        scheduler.add_request(
+            request(seq_id, prompt_len=rng.randint(2, 8), max_tokens=rng.randint(1, 10))
+        )
+    swap = scheduler.swap
+    counts = {"served": 0, "wasted": 0}
+    for step in range(400):
+        if not scheduler.has_unfinished():
+            break
+        resident = {r.seq_id for r in scheduler.swapped if swap.is_resident(r.seq_id)}
+        out = scheduler.schedule(float(step))
+        counts["served"] += sum(r.seq_id in resident for r in out.swapped_in)
+        still = {r.seq_id for r in scheduler.swapped if swap.is_resident(r.seq_id)}
+        counts["wasted"] += len(resident - still - {r.seq_id for r in out.swapped_in})
+        scheduler.prefetch(out)
+        finished = []
+        for r, n in zip(out.requests, out.num_new_tokens, strict=True):
+            r.num_computed_tokens += n
+            if r.num_computed_tokens == r.num_tokens and r.append_token(7):
+                finished.append(r)
+        scheduler.finish_running(finished)
+        parked = [r for r in scheduler.swapped if swap.is_resident(r.seq_id)]
+        if parked and rng.random() < 0.2:
+            scheduler.finish(parked[0])  # an abort
+            counts["wasted"] += 1
+    assert not scheduler.has_unfinished()
+    counts["num_prefetched"] = scheduler.num_prefetched
+    return counts
+
+
+def test_num_prefetched_counts_only_the_prefetches_a_swap_in_used():
+    """A prefetched copy that is dropped, undone or aborted before its request resumes
+    is not counted."""
+    runs = [prefetch_counts(seed) for seed in range(60)]
+    assert [r["num_prefetched"] for r in runs] == [r["served"] for r in runs]
+    assert sum(r["served"] for r in runs) > 0 and sum(r["wasted"] for r in runs) > 0

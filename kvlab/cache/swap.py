@@ -26,20 +26,11 @@ class SwapSpace:
 
     Args:
         cache: the device cache whose blocks are swapped.
-        num_cpu_blocks: blocks of CPU memory to keep, >= 1.
+        num_cpu_blocks: blocks of CPU memory to keep, >= 1 (the swap planner, which plans
+            every copy, checks it).
     """
 
     def __init__(self, cache: PagedKVCache, num_cpu_blocks: int) -> None:
-        if not isinstance(cache, PagedKVCache):  # a contiguous range is not cut into blocks
-            raise ValueError(
-                f"swapping needs a PagedKVCache, got {type(cache).__name__}: use "
-                "preemption_mode='recompute' with a contiguous cache"
-            )
-        if not isinstance(num_cpu_blocks, int) or num_cpu_blocks <= 0:
-            raise ValueError(
-                f"num_cpu_blocks={num_cpu_blocks!r}: the swap space must hold at least one "
-                f"block ({cache.block_size * cache.bytes_per_slot} bytes)"
-            )
         self.cache = cache
         self.num_cpu_blocks = num_cpu_blocks
         on_cuda = cache.device.type == "cuda"
@@ -48,17 +39,6 @@ class SwapSpace:
             torch.empty(shape, dtype=kv.dtype, pin_memory=on_cuda) for kv in cache.kv_caches
         ]  # per layer (2, num_cpu_blocks, block_size, num_kv_heads, head_dim)
         self._stream = torch.cuda.Stream(cache.device) if on_cuda else None
-
-    @classmethod
-    def from_bytes(cls, cache: PagedKVCache, swap_space_bytes: int) -> SwapSpace:
-        """As many CPU blocks as ``swap_space_bytes`` hold."""
-        block_bytes = cache.block_size * cache.bytes_per_slot
-        if not isinstance(swap_space_bytes, int) or swap_space_bytes < block_bytes:
-            raise ValueError(
-                f"swap_space_bytes={swap_space_bytes!r} holds no KV block: use an int >= "
-                f"{block_bytes} (one block of {cache.block_size} tokens)"
-            )
-        return cls(cache, swap_space_bytes // block_bytes)
 
     def swap_out(self, moves: list[tuple[int, int]]) -> None:
         """Copy ``(device_block, cpu_block)`` pairs to the CPU; synchronous: once it returns,

@@ -26,7 +26,6 @@ import torch
 from tqdm.auto import tqdm
 
 from kvlab.cache.block_pool import BlockPoolInterface
-from kvlab.cache.swap import SwapSpace
 from kvlab.engine.kv_cache_setup import (
     check_cache_settings,
     default_kv_budget,
@@ -39,7 +38,6 @@ from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
 from kvlab.engine.step_stats import StepStats
-from kvlab.model.compiled import CompiledRunner
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner
 
@@ -155,9 +153,13 @@ class LLM:
                 "compile=True is not allowed on a GPU: the compiled runner builds CPU code; "
                 "use compile=False"
             )
-        runner = (CompiledRunner if compile else ModelRunner)(
-            self.model, attention=attention_backend
-        )
+        if compile:
+            # Imported here: the compiled runner registers a torch op when imported.
+            from kvlab.model.compiled import CompiledRunner
+
+            runner = CompiledRunner(self.model, attention=attention_backend)
+        else:
+            runner = ModelRunner(self.model, attention=attention_backend)
         context = self.model.config.max_position_embeddings
         if max_model_len is not None and max_model_len > context:
             raise ValueError(
@@ -179,16 +181,21 @@ class LLM:
             reservation_policy=reservation_policy,
             max_model_len=max_model_len,
         )
-        swap_space = None
+        num_cpu_blocks = 0
         if preemption_mode == "swap":
             block_bytes = block_size * runner.kv_spec().bytes_per_token
-            swap_space = SwapSpace.from_bytes(cache, swap_space_bytes or num_blocks * block_bytes)
+            num_cpu_blocks = (swap_space_bytes or num_blocks * block_bytes) // block_bytes
+            if num_cpu_blocks == 0:
+                raise ValueError(
+                    f"swap_space_bytes={swap_space_bytes!r} holds no KV block: use at least "
+                    f"{block_bytes} (one block of {block_size} tokens)"
+                )
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.engine = LLMEngine(
             runner,
             cache,
             scheduler_config,
-            swap_space=swap_space,
+            num_cpu_blocks=num_cpu_blocks,
             scheduler_class=scheduler_class,
             clock=clock,
             tokenizer=self.tokenizer,

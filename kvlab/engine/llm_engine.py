@@ -67,7 +67,7 @@ class LLMEngine:
         runner: the model (``kvlab.model.runner.ModelRunner``).
         cache: a ``PagedKVCache`` or ``ContiguousKVCache`` shaped like the model.
         scheduler_config: batching policy and limits.
-        swap_space: CPU block pool, needed when ``preemption_mode="swap"``.
+        num_cpu_blocks: blocks of CPU memory to swap to, >= 1 when ``preemption_mode="swap"``.
         scheduler_class: the scheduler to build, called as ``(scheduler_config, kv,
             num_cpu_blocks)``: kvlab's ``Scheduler``, or a learner's (lab 04's build-it).
         clock: ``WallClock()`` (default) or ``ManualClock(step_seconds)`` for replays.
@@ -84,7 +84,7 @@ class LLMEngine:
         cache: PooledKVCache,
         scheduler_config: SchedulerConfig | None = None,
         *,
-        swap_space: SwapSpace | None = None,
+        num_cpu_blocks: int = 0,
         scheduler_class: type[Scheduler] = Scheduler,
         clock=None,
         tokenizer=None,
@@ -102,10 +102,9 @@ class LLMEngine:
         self.cache = cache
         self.kv = cache.manager
         scheduler_config = scheduler_config or SchedulerConfig()
-        swapping = scheduler_config.preemption_mode == "swap"
-        self.swap_space = swap_space if swapping else None
-        num_cpu_blocks = swap_space.num_cpu_blocks if swap_space is not None else 0
         self.scheduler = scheduler_class(scheduler_config, self.kv, num_cpu_blocks)
+        swapping = scheduler_config.preemption_mode == "swap"
+        self.swap_space = SwapSpace(cache, num_cpu_blocks) if swapping else None
         self.clock = clock if clock is not None else WallClock()
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id

@@ -93,18 +93,15 @@ class Scheduler:
         batching: the batching mode (``StaticBatching``, ``DynamicBatching``,
             ``ContinuousBatching``): who may join, and each step's token budget.
         num_seats: running sequences, plus the seats reserved for forks.
-        num_preemptions, num_swap_outs, num_swap_ins, num_prefetched: event counts.
+        num_preemptions, num_swap_outs, num_swap_ins: event counts; ``num_prefetched``
+            counts the swap-ins a prefetch had already copied back (one dropped or aborted
+            before it resumes counts nothing).
         num_prompt_tokens_queried, num_prompt_tokens_hit: prefix-cache lookups, in tokens.
     """
 
     def __init__(
         self, config: SchedulerConfig, kv: KVCacheManager, num_cpu_blocks: int = 0
     ) -> None:
-        if config.preemption_mode == "swap" and not num_cpu_blocks:
-            raise ValueError(
-                f"num_cpu_blocks={num_cpu_blocks!r}: preemption_mode='swap' needs a CPU pool "
-                "of at least one block to swap to (LLMEngine: a swap_space)"
-            )
         if not isinstance(kv, KVCacheManager):
             raise TypeError(
                 f"kv={kv!r} is not allowed: the scheduler needs a kvlab.cache.KVCacheManager "
@@ -336,6 +333,7 @@ class Scheduler:
             request = self.swapped[0]
             if self.num_seats + seats_of(request) > self.config.max_num_seqs:
                 break
+            prefetched = swap.is_resident(request.seq_id)
             try:
                 # No copy if a prefetch already brought it back: this step does not wait.
                 moves = swap.swap_in(
@@ -358,6 +356,7 @@ class Scheduler:
             self.swapped.popleft()
             swap.release(request.seq_id)
             self.num_swap_ins += 1
+            self.num_prefetched += prefetched
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self.num_seats += seats_of(request)
@@ -402,7 +401,6 @@ class Scheduler:
                 )
             except CacheFullError:
                 break
-            self.num_prefetched += 1
             started.append(request)
         return started
 
@@ -414,7 +412,6 @@ class Scheduler:
         for request in reversed(self.swapped):
             if swap.is_resident(request.seq_id):
                 swap.undo_swap_in(request.seq_id)
-                self.num_prefetched -= 1
                 return True
         return False
 

@@ -53,12 +53,13 @@ class SwapPlanner:
     def __init__(self, kv: KVCacheManager, num_cpu_blocks: int) -> None:
         if not hasattr(kv, "block_table"):  # a contiguous range is not cut into blocks
             raise ValueError(
-                f"swapping needs paged KV blocks, got {type(kv).__name__}: use "
+                f"preemption_mode='swap' needs paged KV blocks, got {type(kv).__name__}: use "
                 "preemption_mode='recompute' with a contiguous cache"
             )
         if not isinstance(num_cpu_blocks, int) or num_cpu_blocks <= 0:
             raise ValueError(
-                f"num_cpu_blocks={num_cpu_blocks!r}: the swap space must hold at least one block"
+                f"num_cpu_blocks={num_cpu_blocks!r}: preemption_mode='swap' needs a CPU pool "
+                "of at least one block to swap to"
             )
         self.kv = kv
         self.num_cpu_blocks = num_cpu_blocks

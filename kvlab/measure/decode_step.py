@@ -68,7 +68,6 @@ import torch.nn.functional as F
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
-from kvlab.model.compiled import CompiledRunner
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
@@ -97,6 +96,8 @@ def decode_step_times(
         "kvlab row-major": ModelRunner(model, attention="sdpa", onednn=False),
     }
     if compiled:
+        from kvlab.model.compiled import CompiledRunner  # registers a torch op when imported
+
         runners[COMPILED] = CompiledRunner(model, attention=backend)
     methods = METHODS + ((COMPILED,) if compiled else ())
     generator = torch.Generator().manual_seed(0)
