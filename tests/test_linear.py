@@ -76,5 +76,21 @@ def test_decode_step_by_part_times_each_part_and_leaves_the_rest_to_the_step():
     assert set(times) == {"step", *PARTS, "rest"}
     assert all(times[name] > 0 for name in ("step", *PARTS))
     assert times["rest"] == pytest.approx(times["step"] - sum(times[name] for name in PARTS))
-    table = format_parts(3, times)
+    table = format_parts(3, times, {"weights": 4_000_000, "K/V": 1_000_000})
     assert table.startswith("batch 3: kvlab's step") and all(name in table for name in PARTS)
+    assert "weights 4 MB" in table and "K/V 1 MB" in table
+    share = times["matmuls"] / (times["matmuls"] + times["attention"])
+    assert f"{share:.2f} if all but the matmuls and attention were free" in table
+
+
+def test_a_decode_step_reads_every_projection_weight_and_every_cached_token():
+    from kvlab.measure.decode_step import bytes_read
+
+    model, _ = load_model("tiny", device="cpu")
+    config = model.config
+    projections = [p for name, p in model.named_parameters() if name.endswith("proj.weight")]
+    assert len(projections) == 7 * config.num_hidden_layers
+    weights = sum(p.numel() for p in projections) + model.lm_head.weight.numel()
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv = 3 * 10 * config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim
+    assert bytes_read(model, batch_size=3, context=9) == {"weights": 4 * weights, "K/V": 4 * kv}

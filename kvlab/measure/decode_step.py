@@ -50,6 +50,13 @@ interleaved rounds (``decode_step_parts``):
 A part timed alone runs with warm caches and no neighbours, so the parts are estimates and
 ``rest`` absorbs the difference.
 
+Each table ends with the bytes the two largest parts must read from memory: the matrix
+multiplies read every weight once (about 540 MB for SmolLM2-135M in float32, whatever the
+batch), attention reads every sequence's K/V (batch x context x 46 KB); the rates their
+times imply; and the share the multiplies would have if everything but them and attention
+were free. At decode batch sizes both stream more bytes than any CPU cache holds: they are
+bound by memory bandwidth, and attention's share grows with the batch and the context.
+
 Every sequence holds ``--context`` tokens before the timed step, in blocks handed out a
 block per sequence in turn (as a server's decoding sequences grow), so that a sequence's
 blocks are scattered over the pool. Not handled: prefill
@@ -208,12 +215,44 @@ def decode_step_parts(
     return medians
 
 
-def format_parts(batch_size: int, medians: dict[str, float]) -> str:
-    """One table: each part's milliseconds and its share of the step."""
+def bytes_read(model, batch_size: int, context: int) -> dict[str, int]:
+    """The bytes a decode step must read from memory: "weights", every matrix the step
+    multiplies by (the LM head included), and "K/V", every sequence's cached keys and values
+    over ``context`` tokens and the new one, in every layer."""
+    layer, config = model.model.layers[0], model.config
+    per_layer = sum(
+        linear.weight.numel()
+        for linear in (
+            *(getattr(layer.self_attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            *(getattr(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")),
+        )
+    )
+    element = model.lm_head.weight.element_size()
+    weights = (per_layer * config.num_hidden_layers + model.lm_head.weight.numel()) * element
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv_per_token = 2 * config.num_key_value_heads * head_dim * element * config.num_hidden_layers
+    return {"weights": weights, "K/V": batch_size * (context + 1) * kv_per_token}
+
+
+def format_parts(batch_size: int, medians: dict[str, float], read: dict[str, int]) -> str:
+    """One table: each part's milliseconds and its share of the step; then the bytes the
+    multiplies and attention read (``bytes_read``), their rates, and the most ``matmuls /
+    step`` could be with everything else free."""
     step = medians["step"]
     lines = [f"batch {batch_size}: kvlab's step {1e3 * step:.1f} ms, by part (each timed alone)"]
     for name in (*PARTS, "rest"):
         lines.append(f"  {name:<12}{1e3 * medians[name]:>8.1f} ms{medians[name] / step:>7.0%}")
+    weights, kv = read["weights"], read["K/V"]
+    weight_rate, kv_rate = weights / medians["matmuls"], kv / medians["attention"]
+    lines.append(
+        f"  read: weights {weights / 1e6:.0f} MB by the matmuls ({weight_rate / 1e9:.1f} GB/s),"
+        f" K/V {kv / 1e6:.0f} MB by attention ({kv_rate / 1e9:.1f} GB/s)"
+    )
+    both = medians["matmuls"] / (medians["matmuls"] + medians["attention"])
+    lines.append(
+        f"  matmuls / step: {medians['matmuls'] / step:.2f}; {both:.2f} if all but the matmuls"
+        " and attention were free"
+    )
     return "\n".join(lines)
 
 
@@ -300,11 +339,8 @@ def main(argv=None) -> None:
         print(f"{batch_size:>5}{row}")
     if args.by_part:
         for batch_size in args.batch_sizes:
-            print(
-                format_parts(
-                    batch_size, decode_step_parts(model, batch_size, args.context, args.rounds)
-                )
-            )
+            parts = decode_step_parts(model, batch_size, args.context, args.rounds)
+            print(format_parts(batch_size, parts, bytes_read(model, batch_size, args.context)))
 
 
 if __name__ == "__main__":
