@@ -34,17 +34,6 @@ LABS = ["03_paged.ipynb", "04_batching.ipynb"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-# JupyterLab's own debugger asks a new kernel for its state; a reload or a kernel shutdown
-# that comes first cancels the request and logs this. It is JupyterLab's race, not kvlab's
-# (it came and went between runs of the same commit), so it alone is not an error here.
-JUPYTERLAB_RACES = ("Could not restore the debugger state: Canceled future for debug_request",)
-
-
-def note_console_error(message, errors: list[str]) -> None:
-    if message.type == "error" and not message.text.startswith(JUPYTERLAB_RACES):
-        errors.append(message.text)
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     reason = missing_browser()
@@ -64,7 +53,10 @@ def lab(tmp_path_factory):
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.on("console", lambda message: note_console_error(message, errors))
+            page.on(
+                "console",
+                lambda message: message.type == "error" and errors.append(message.text),
+            )
             yield page, server, errors
             browser.close()
     finally:
@@ -103,7 +95,11 @@ SHOWN = """(cells) => {
 
 
 def open_notebook(page, server: LabServer, notebook: str) -> None:
-    """Open ``notebook`` in a workspace of its own and wait for its kernel."""
+    """Open ``notebook`` in a workspace of its own and wait until its kernel is idle and
+    JupyterLab's debugger has asked the new kernel for its state (it enables its toolbar
+    button then): a reload or a shutdown before the kernel answers cancels the request,
+    which JupyterLab logs as a console error. The kernel must then have no request left
+    unanswered for 0.6 s (the debugger asks twice)."""
     workspace = notebook.removesuffix(".ipynb").replace("_", "-")
     page.goto(f"{server.url}/lab/workspaces/{workspace}/tree/{notebook}?reset")
     page.wait_for_function(
@@ -111,10 +107,16 @@ def open_notebook(page, server: LabServer, notebook: str) -> None:
             const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
             const kernel = w && w.context && w.context.path.endsWith(notebook)
                 && w.sessionContext.session && w.sessionContext.session.kernel;
-            return kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+            const bug = w && w.toolbar && w.toolbar.node.querySelector('.jp-DebuggerBugButton');
+            const ready = kernel && kernel.connectionStatus === 'connected'
+                && kernel.status === 'idle' && bug && bug.getAttribute('aria-disabled') === 'false'
+                && kernel._futures.size === 0;
+            window.kvlabQuietPolls = ready ? (window.kvlabQuietPolls || 0) + 1 : 0;
+            return window.kvlabQuietPolls >= 3;
         }""",
         arg=notebook,
         timeout=120_000,
+        polling=200,
     )
 
 
