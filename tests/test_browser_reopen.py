@@ -99,7 +99,8 @@ def open_notebook(page, server: LabServer, notebook: str) -> None:
     JupyterLab's debugger has asked the new kernel for its state (it enables its toolbar
     button then): a reload or a shutdown before the kernel answers cancels the request,
     which JupyterLab logs as a console error. The kernel must then have no request left
-    unanswered for 0.6 s (the debugger asks twice)."""
+    unanswered for three polls in a row, 0.4 s (the debugger asks twice). The button is
+    enabled for a kernel with a debugger: ipykernel's, which brings debugpy."""
     workspace = notebook.removesuffix(".ipynb").replace("_", "-")
     page.goto(f"{server.url}/lab/workspaces/{workspace}/tree/{notebook}?reset")
     page.wait_for_function(

@@ -73,24 +73,38 @@ def test_decode_step_by_part_times_each_part_and_leaves_the_rest_to_the_step():
 
     model, _ = load_model("tiny", device="cpu")
     times = decode_step_parts(model, batch_size=3, context=9, rounds=2, block_size=4)
-    assert set(times) == {"step", *PARTS, "rest"}
-    assert all(times[name] > 0 for name in ("step", *PARTS))
+    assert set(times) == {"step", *PARTS, "rest", "plain read"}
+    assert all(times[name] > 0 for name in ("step", *PARTS, "plain read"))
     assert times["rest"] == pytest.approx(times["step"] - sum(times[name] for name in PARTS))
     table = format_parts(3, times, {"weights": 4_000_000, "K/V": 1_000_000})
     assert table.startswith("batch 3: kvlab's step") and all(name in table for name in PARTS)
-    assert "weights 4 MB" in table and "K/V 1 MB" in table
-    share = times["matmuls"] / (times["matmuls"] + times["attention"])
-    assert f"{share:.2f} if all but the matmuls and attention were free" in table
+
+
+def test_the_by_part_table_gives_each_rate_and_share():
+    """Made-up times whose rates and shares all differ: 6 GB of weights in 2 s (3 GB/s),
+    1 GB of K/V in 0.5 s (2 GB/s), a plain pass over the 6 GB in 1 s (6 GB/s)."""
+    from kvlab.measure.decode_step import PARTS, format_parts
+
+    times = dict.fromkeys(PARTS, 0.01) | {"matmuls": 2.0, "attention": 0.5, "plain read": 1.0}
+    times |= {"step": 4.0, "rest": 4.0 - sum(times[name] for name in PARTS)}
+    table = format_parts(8, times, {"weights": 6_000_000_000, "K/V": 1_000_000_000})
+    assert "weights 6000 MB by the matmuls (3.0 GB/s)" in table
+    assert "K/V 1000 MB by attention (2.0 GB/s)" in table
+    assert "a plain pass reads 6.0 GB/s" in table
+    # 2 / 4; 2 / (2 + 0.5); 2 / (2 + 1 GB at 6 GB/s)
+    assert "matmuls / step: 0.50; with all but the matmuls and attention free: 0.80" in table
+    assert "and 0.92 if attention read at the plain pass's rate" in table
 
 
 def test_a_decode_step_reads_every_projection_weight_and_every_cached_token():
+    """The weights are counted from the model's parameters, the K/V from its runner's spec
+    (which reads a config's own head_dim)."""
     from kvlab.measure.decode_step import bytes_read
 
-    model, _ = load_model("tiny", device="cpu")
-    config = model.config
-    projections = [p for name, p in model.named_parameters() if name.endswith("proj.weight")]
-    assert len(projections) == 7 * config.num_hidden_layers
-    weights = sum(p.numel() for p in projections) + model.lm_head.weight.numel()
-    head_dim = config.hidden_size // config.num_attention_heads
-    kv = 3 * 10 * config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim
-    assert bytes_read(model, batch_size=3, context=9) == {"weights": 4 * weights, "K/V": 4 * kv}
+    for name in ("tiny", "tiny-qwen2"):
+        model, _ = load_model(name, device="cpu")
+        projections = [p for n, p in model.named_parameters() if n.endswith("proj.weight")]
+        assert len(projections) == 7 * model.config.num_hidden_layers
+        weights = sum(p.numel() for p in projections) + model.lm_head.weight.numel()
+        kv = 3 * 10 * ModelRunner(model).kv_spec().bytes_per_token
+        assert bytes_read(model, batch_size=3, context=9) == {"weights": 4 * weights, "K/V": kv}

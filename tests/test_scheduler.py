@@ -421,8 +421,9 @@ def test_config_errors_name_the_parameter_and_value(kwargs, message):
 
 
 def test_swap_mode_needs_a_swap_space():
-    with pytest.raises(ValueError, match="num_cpu_blocks=0"):
-        Scheduler(SchedulerConfig(preemption_mode="swap"), paged().manager)
+    for bad in (0, -1, True, 2.0, None):
+        with pytest.raises(ValueError, match=rf"num_cpu_blocks={bad!r} is not allowed"):
+            Scheduler(SchedulerConfig(preemption_mode="swap"), paged().manager, bad)
     contiguous = ContiguousKVCache(1, 1, 2, num_slots=8, device="cpu")
     with pytest.raises(ValueError, match="paged KV blocks"):
         Scheduler(SchedulerConfig(preemption_mode="swap"), contiguous.manager, 4)

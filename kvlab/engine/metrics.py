@@ -157,7 +157,7 @@ class RunMetrics:
         requests: metrics of every finished request, in finishing order.
         steps: one ``StepStats`` per engine step.
         num_preemptions, num_swap_outs, num_swap_ins, num_prefetched: memory events;
-            ``num_prefetched`` counts swap-ins whose copy was started a step ahead.
+            ``num_prefetched`` counts the swap-ins a prefetch had already copied back.
         num_prompt_tokens_queried, num_prompt_tokens_hit: prefix-cache lookups, in tokens.
         start_time, end_time: clock times of the first and last step.
     """

@@ -56,10 +56,14 @@ class SwapPlanner:
                 f"preemption_mode='swap' needs paged KV blocks, got {type(kv).__name__}: use "
                 "preemption_mode='recompute' with a contiguous cache"
             )
-        if not isinstance(num_cpu_blocks, int) or num_cpu_blocks <= 0:
+        if (
+            not isinstance(num_cpu_blocks, int)
+            or isinstance(num_cpu_blocks, bool)
+            or (num_cpu_blocks <= 0)
+        ):
             raise ValueError(
-                f"num_cpu_blocks={num_cpu_blocks!r}: preemption_mode='swap' needs a CPU pool "
-                "of at least one block to swap to"
+                f"num_cpu_blocks={num_cpu_blocks!r} is not allowed: preemption_mode='swap' "
+                "needs a CPU pool to swap to, an int >= 1"
             )
         self.kv = kv
         self.num_cpu_blocks = num_cpu_blocks

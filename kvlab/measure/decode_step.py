@@ -50,12 +50,14 @@ interleaved rounds (``decode_step_parts``):
 A part timed alone runs with warm caches and no neighbours, so the parts are estimates and
 ``rest`` absorbs the difference.
 
-Each table ends with the bytes the two largest parts must read from memory: the matrix
+Each table ends with the bytes the two largest parts read from memory: the matrix
 multiplies read every weight once (about 540 MB for SmolLM2-135M in float32, whatever the
-batch), attention reads every sequence's K/V (batch x context x 46 KB); the rates their
-times imply; and the share the multiplies would have if everything but them and attention
-were free. At decode batch sizes both stream more bytes than any CPU cache holds: they are
-bound by memory bandwidth, and attention's share grows with the batch and the context.
+batch), attention reads every sequence's K/V (batch x context x 46 KB). Beside their
+rates stands a plain pass (``sum``) over as many bytes as the weights: a rate this core
+reads at. Attention does little arithmetic per byte, so its time is mostly reading; the
+multiplies do more per byte as the batch grows, and become bound by arithmetic. The last
+line gives the share the multiplies would have if everything but them and attention were
+free: with attention as measured, and with attention reading at the plain pass's rate.
 
 Every sequence holds ``--context`` tokens before the timed step, in blocks handed out a
 block per sequence in turn (as a server's decoding sequences grow), so that a sequence's
@@ -75,6 +77,7 @@ import torch.nn.functional as F
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
+from kvlab.memory import KVSpec
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
@@ -147,7 +150,8 @@ def decode_step_parts(
     model, batch_size: int, context: int, rounds: int = 12, block_size: int = 16
 ) -> dict[str, float]:
     """Median seconds of kvlab's decode step ("step") and of each of its ``PARTS`` timed
-    alone on the step's shapes, and "rest": the step minus the parts."""
+    alone on the step's shapes, "rest": the step minus the parts, and "plain read": one
+    ``sum`` over a tensor as large as the weights (a rate this core can read at)."""
     runner = ModelRunner(model, attention=fastest_backend(model.device))
     config, generator = runner.config, torch.Generator().manual_seed(0)
     cache = _filled_cache(runner, batch_size, context, block_size, generator)
@@ -200,7 +204,9 @@ def decode_step_parts(
         "activation": activation,
         "residual": residual,
     }
-    timed = {"step": _step(runner, input_ids, batch, cache), **parts}
+    # A plain pass over as many bytes as the weights: what one read of them costs here.
+    plain = torch.ones(bytes_read(model, 1, 0)["weights"] // 4)
+    timed = {"step": _step(runner, input_ids, batch, cache), **parts, "plain read": plain.sum}
     seconds: dict[str, list[float]] = {name: [] for name in timed}
     with torch.inference_mode():
         for run in timed.values():
@@ -227,31 +233,35 @@ def bytes_read(model, batch_size: int, context: int) -> dict[str, int]:
             *(getattr(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")),
         )
     )
-    element = model.lm_head.weight.element_size()
-    weights = (per_layer * config.num_hidden_layers + model.lm_head.weight.numel()) * element
-    head_dim = config.hidden_size // config.num_attention_heads
-    kv_per_token = 2 * config.num_key_value_heads * head_dim * element * config.num_hidden_layers
+    dtype = model.lm_head.weight.dtype
+    weights = (per_layer * config.num_hidden_layers + model.lm_head.weight.numel()) * (
+        model.lm_head.weight.element_size()
+    )
+    kv_per_token = KVSpec.from_config(config, dtype=dtype).bytes_per_token
     return {"weights": weights, "K/V": batch_size * (context + 1) * kv_per_token}
 
 
 def format_parts(batch_size: int, medians: dict[str, float], read: dict[str, int]) -> str:
     """One table: each part's milliseconds and its share of the step; then the bytes the
-    multiplies and attention read (``bytes_read``), their rates, and the most ``matmuls /
-    step`` could be with everything else free."""
+    multiplies and attention read (``bytes_read``) and their rates beside a plain pass's,
+    and what ``matmuls / step`` could be with everything but the two free, at attention's
+    measured speed and at the plain pass's rate."""
     step = medians["step"]
     lines = [f"batch {batch_size}: kvlab's step {1e3 * step:.1f} ms, by part (each timed alone)"]
     for name in (*PARTS, "rest"):
         lines.append(f"  {name:<12}{1e3 * medians[name]:>8.1f} ms{medians[name] / step:>7.0%}")
-    weights, kv = read["weights"], read["K/V"]
-    weight_rate, kv_rate = weights / medians["matmuls"], kv / medians["attention"]
+    weights, kv, matmuls = read["weights"], read["K/V"], medians["matmuls"]
+    plain = weights / medians["plain read"]
+    weight_rate, kv_rate = weights / matmuls, kv / medians["attention"]
     lines.append(
         f"  read: weights {weights / 1e6:.0f} MB by the matmuls ({weight_rate / 1e9:.1f} GB/s),"
-        f" K/V {kv / 1e6:.0f} MB by attention ({kv_rate / 1e9:.1f} GB/s)"
+        f" K/V {kv / 1e6:.0f} MB by attention ({kv_rate / 1e9:.1f} GB/s);"
+        f" a plain pass reads {plain / 1e9:.1f} GB/s"
     )
-    both = medians["matmuls"] / (medians["matmuls"] + medians["attention"])
     lines.append(
-        f"  matmuls / step: {medians['matmuls'] / step:.2f}; {both:.2f} if all but the matmuls"
-        " and attention were free"
+        f"  matmuls / step: {matmuls / step:.2f}; with all but the matmuls and attention free:"
+        f" {matmuls / (matmuls + medians['attention']):.2f}, and"
+        f" {matmuls / (matmuls + kv / plain):.2f} if attention read at the plain pass's rate"
     )
     return "\n".join(lines)
 
