@@ -14,14 +14,15 @@ import pytest
 
 from kvlab.cache.manager import CacheFullError
 from kvlab.cache.paged import PagedKVCache
+from kvlab.exercises.block_manager_engine import LearnerBlockManager
 from kvlab.exercises.build_block_manager import (
     CRITERIA,
-    LearnerBlockManager,
     check_block_manager,
     check_generation,
     hint_block_manager,
     reveal_block_manager,
 )
+from kvlab.exercises.grading import Verdict
 from tests.solutions.lab03_block_manager import MyBlockManager
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -377,7 +378,7 @@ def test_a_fork_without_the_childs_count_is_shown_after_the_calls_before_it():
 def test_a_right_manager_passes_every_property(monkeypatch):
     import kvlab.exercises.build_block_manager as build
 
-    monkeypatch.setattr(build, "check_generation", lambda *a: build.Verdict("generation", True))
+    monkeypatch.setattr(build, "check_generation", lambda *a: Verdict("generation", True))
     report = check_block_manager(Right)
     assert report.passed, repr(report)
     assert report.score == len(CRITERIA)

@@ -119,6 +119,21 @@ PLANTED = {
         "large_scores",
         LARGE_SCORES["random"],
     ),
+    # Scores clipped at -100 "against underflow": the slots past seq_len, clipped too, count
+    # as much as the real ones once every score is near -300. The error is finite, neither
+    # the 0 / 0 of a max that starts at 0 nor an overflow: no misconception fits.
+    "scores_clipped_below": (
+        [(SCORES, f"tl.maximum({SCORES}, -100.0)")],
+        "large_scores",
+        "",
+    ),
+    # Scores clipped at 100 "against overflow": wrong by a finite amount once scores are in
+    # the hundreds, not the inf / inf of exp(score) without the max: none named.
+    "scores_clipped_above": (
+        [(SCORES, f"tl.minimum({SCORES}, 100.0)")],
+        "large_scores",
+        "",
+    ),
     # BLOCK_SIZE typed as the 8 of every case before "shapes".
     "block_size_typed": (
         [("in_seq = logical * BLOCK_SIZE + slots", "in_seq = logical * 8 + slots")],

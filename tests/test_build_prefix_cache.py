@@ -20,12 +20,13 @@ from kvlab.cache.prefix_cache import ROOT_HASH, hash_block_tokens
 from kvlab.exercises import prefix_cache_grader
 from kvlab.exercises.build_prefix_cache import (
     CRITERIA,
-    LearnerPool,
     check_generation,
     check_prefix_cache,
     hint_prefix_cache,
     reveal_prefix_cache,
 )
+from kvlab.exercises.grading import Verdict
+from kvlab.exercises.learner_pool import LearnerPool
 from tests.solutions.lab06_prefix_cache import MyBlockPool
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -337,7 +338,7 @@ def test_an_exact_fit_refused_is_told_apart_from_a_free_queue_mistake():
     assert prefix_cache_grader.check_refusal(ExactFitRefused) == (
         "refuses",
         "allocate(10) on a fresh pool of 10 raised CacheFullError",
-        prefix_cache_grader.EXACT_FIT,
+        prefix_cache_grader.MISCONCEPTIONS["exact_fit"],
     )
     assert prefix_cache_grader.check_refusal(Right) is None
 
@@ -370,7 +371,7 @@ def test_an_evicted_hash_left_in_cached_is_blamed_on_allocate_not_match_prefix()
 def test_a_right_pool_passes_every_property(monkeypatch):
     import kvlab.exercises.build_prefix_cache as build
 
-    monkeypatch.setattr(build, "check_generation", lambda *a: build.Verdict("generation", True))
+    monkeypatch.setattr(build, "check_generation", lambda *a: Verdict("generation", True))
     report = check_prefix_cache(Right)
     assert report.passed, repr(report)
     assert report.score == len(CRITERIA)

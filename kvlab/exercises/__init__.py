@@ -12,12 +12,9 @@ hint; any other gets the exercise's general hint; ``None`` (the placeholder in t
 gets a reminder to fill it in.
 
 Build-it exercises, where the learner writes the mechanism, graded criterion by criterion
-(``grading``) and then run inside the engine: ``build_arena`` (lab 02, a first-fit arena),
-``build_block_manager`` (lab 03, a paged block manager with fork and copy-on-write),
-``build_scheduler`` (lab 04, the continuous scheduler's step: token budget, chunked
-prefill, preemption by recompute), ``build_kernel`` (lab 05, the one-pass Triton decode
-kernel's loop: the block-table gather and the online softmax) and ``build_prefix_cache``
-(lab 06, a block pool with chained block hashes and LRU eviction).
+(``grading``) and then run inside the engine: ``build_arena`` (lab 02), ``build_block_manager``
+(lab 03), ``build_scheduler`` (lab 04), ``build_kernel`` (lab 05), ``build_prefix_cache``
+(lab 06).
 
 Predict, then run: ``reveal(prediction, measured, unit=..., why=...)`` (``predict``) shows
 a learner's guess beside what the experiment measured.

@@ -1,14 +1,9 @@
-"""The grading engine of lab 02's build-it arena: one sequence of operations on the
-learner's arena and on kvlab's side by side, random sequences, and shrinking a failure.
+"""The grading engine of lab 02's build-it arena: a sequence of reserves and frees on the
+learner's arena and on kvlab's ``ContiguousArena`` side by side.
 
-    first_difference(make_arena, ops)   the first criterion a sequence breaks, what
-                                        happened, and the misconception it suggests
-    random_ops(rng)                     a seeded sequence of reserves and frees
-    candidates(ops)                     smaller sequences, to shrink a failure with
-    ArenaRun, run, view                 a sequence replayed on the learner's arena
-
-``kvlab.exercises.build_arena`` describes the exercise with these. Not handled: other arenas than
-first-fit (the reference is kvlab's ``ContiguousArena``).
+``first_difference``, ``random_ops``, ``candidates`` and ``show_op`` are the build-it's
+``Search`` (``kvlab.exercises.build_arena``); ``ArenaRun``, ``run`` and ``view`` its
+``Replay``. Not handled: other arenas than first-fit.
 """
 
 from __future__ import annotations
@@ -25,6 +20,16 @@ from kvlab.exercises.learner_pool import LearnerError, call_learner
 
 NUM_SLOTS = 64
 Op = tuple  # ("reserve", seq_id, num_slots) or ("free", seq_id)
+MISCONCEPTIONS = {
+    "returns_none": "reserve must return the start of the range it placed",
+    "not_a_slot": "reserve returns the start of the range: one slot number",
+    "overlaps": "the range was placed on slots another request holds",
+    "exact_fit": "a hole that is exactly num_slots long fits (>=, not >)",
+    "raise_full": "a reserve that finds no room raises CacheFullError (imported in cell 1)",
+    "earlier_refusal": "an earlier refused reserve changed your arena: a refusal must change "
+    "nothing",
+    "check_first": "check the room first, then record the range",
+}
 
 
 @dataclass
@@ -44,16 +49,13 @@ def _holes(arena) -> list[tuple[int, int]]:
 
 
 def first_difference(make_arena: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
-    """(criterion, what happened, misconception) of the first difference, or None. The
-    misconception is named from the failing operation and the learner's state, or left
-    empty when nothing they show points at one.
+    """(criterion, what happened, misconception) of the first difference, or None; the
+    misconception is "" when nothing the failing operation saw points at one.
 
-    A wrong ``holes()`` changes nothing in the arena, so it does not end the sequence: the
-    reserves after it are still compared. One that then places or refuses wrongly is a bug
-    of ``reserve`` (returned first: its criteria come first), unless it did just what
-    first-fit over the learner's own ``holes()`` does: then the bug is in ``holes()``, and
-    that difference is returned. Otherwise an arena's bug in ``reserve`` would be ticked or
-    failed depending on whether its ``holes()`` went wrong before the bug showed.
+    A wrong ``holes()`` changes nothing, so the reserves after it are still compared: one
+    that then places or refuses wrongly is a bug of ``reserve`` (its criteria come first),
+    unless it did just what first-fit over the learner's own ``holes()`` does. So a bug in
+    ``reserve`` gets one verdict whether or not ``holes()`` went wrong before it showed.
     """
     mine, ref = make_arena(NUM_SLOTS), ContiguousArena(NUM_SLOTS)
     seen = _Seen()
@@ -79,9 +81,7 @@ def _raised(error: LearnerError, op: Op, ref, where: str) -> tuple[str, str, str
     refused names the error to raise; any other error is a bug the message shows."""
     if error.method != "reserve":
         return "holes", f"{where}: {error}", ""
-    why = ""
-    if op[1] not in ref:  # kvlab's arena refused it: no hole fits
-        why = "a reserve that finds no room raises CacheFullError (imported in cell 1)"
+    why = MISCONCEPTIONS["raise_full"] if op[1] not in ref else ""  # kvlab's refused it too
     return "refuses", f"{where}: {error}", why
 
 
@@ -91,7 +91,7 @@ def _one_op(make_arena, mine, ref, op: Op, where: str, seen: _Seen):
         ref.free(op[1])
         try:
             mine.free(op[1])
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - even a CacheFullError is a bug of free
             message = f"free() raised {type(error).__name__}: {error}"
             raise LearnerError("free", message) from error
         return None
@@ -100,38 +100,25 @@ def _one_op(make_arena, mine, ref, op: Op, where: str, seen: _Seen):
     expected = call_learner("reserve", ref.reserve, seq_id, num_slots)
     got = call_learner("reserve", mine.reserve, seq_id, num_slots)
     if got is None:
-        return (
-            "first_fit",
-            f"{where}: reserve returned None",
-            "reserve must return the start of the range it placed",
-        )
+        return "first_fit", f"{where}: reserve returned None", MISCONCEPTIONS["returns_none"]
     refused = isinstance(got, CacheFullError)
     differs = refused != isinstance(expected, CacheFullError) or (not refused and got != expected)
     if differs and seen.wrong_holes is not None and _follows(before, num_slots, got):
         return seen.wrong_holes  # reserve did what the learner's wrong holes() said
     if refused != isinstance(expected, CacheFullError):
         if not refused:
-            return (
-                "refuses",
-                f"{where}: returned {got}, but no hole fits",
-                _found_room(kvlab_before, num_slots, got),
-            )
+            why = _found_room(kvlab_before, num_slots, got)
+            return "refuses", f"{where}: returned {got}, but no hole fits", why
         why = _missed_room(make_arena, kvlab_before, before, num_slots, expected)
         if not why and seen.refused_before:  # a change that holes() does not show
-            why = "an earlier refused reserve changed your arena: a refusal must change nothing"
+            why = MISCONCEPTIONS["earlier_refusal"]
         return "refuses", f"{where}: refused, but slot {expected} starts a hole that fits", why
     if refused and _holes(mine) != before:
-        return (
-            "refusal_changes_nothing",
-            f"{where}: holes went from {before} to {_holes(mine)}",
-            "check the room first, then record the range",
-        )
+        detail = f"{where}: holes went from {before} to {_holes(mine)}"
+        return "refusal_changes_nothing", detail, MISCONCEPTIONS["check_first"]
     if differs:
-        return (
-            "first_fit",
-            f"{where}: placed at slot {got}, first-fit says {expected}",
-            _wrong_start(make_arena, kvlab_before, before, num_slots, got, expected, seen),
-        )
+        why = _wrong_start(make_arena, kvlab_before, before, num_slots, got, expected, seen)
+        return "first_fit", f"{where}: placed at slot {got}, first-fit says {expected}", why
     return None
 
 
@@ -151,11 +138,8 @@ def _holes_difference(mine, ref, op: Op, where: str):
     got, expected = _holes(mine), ref.holes()
     if got == expected:
         return None
-    return (
-        "holes",
-        f"after {where}: holes() = {got}, expected {expected}",
-        _wrong_holes(got, expected, op),
-    )
+    detail = f"after {where}: holes() = {got}, expected {expected}"
+    return "holes", detail, _wrong_holes(got, expected, op)
 
 
 # ---- naming the misconception from what the failing operation saw ---------------------------
@@ -175,12 +159,12 @@ def _takes_an_exact_fit(make_arena) -> bool:
 def _found_room(holes: list, num_slots: int, got) -> str:
     """A reserve placed a range where no hole is long enough."""
     if not isinstance(got, int):
-        return "reserve returns the start of the range: one slot number"
+        return MISCONCEPTIONS["not_a_slot"]
     length = dict(holes).get(got)
     if length is not None:
         return f"the hole at slot {got} is {length} long: a hole fits when length >= num_slots"
     if not any(start <= got < start + n for start, n in holes):
-        return "the range was placed on slots another request holds"
+        return MISCONCEPTIONS["overlaps"]
     return ""
 
 
@@ -189,7 +173,7 @@ def _missed_room(make_arena, holes: list, mine: list, num_slots: int, expected: 
     if mine != holes:
         return _holes_mistake(mine, holes)
     if dict(holes)[expected] == num_slots and not _takes_an_exact_fit(make_arena):
-        return "a hole that is exactly num_slots long fits (>=, not >)"
+        return MISCONCEPTIONS["exact_fit"]
     return ""
 
 
@@ -198,12 +182,12 @@ def _wrong_start(
 ) -> str:
     """A reserve placed its range at ``got``, not at first-fit's ``expected``."""
     if not isinstance(got, int):
-        return "reserve returns the start of the range: one slot number"
+        return MISCONCEPTIONS["not_a_slot"]
     if got == expected + num_slots:
         return "reserve returns the start of the range, not its end"
     inside = [(start, n) for start, n in holes if start <= got < start + n]
     if not inside or got + num_slots > sum(inside[0]):
-        return "the range was placed on slots another request holds"
+        return MISCONCEPTIONS["overlaps"]
     if mine != holes:
         return _holes_mistake(mine, holes)
     if inside[0][0] != got:
@@ -212,7 +196,7 @@ def _wrong_start(
     longer = [start for start, n in holes if n > num_slots]
     exact_first = fitting[0][1] == num_slots and bool(longer) and got == longer[0]
     if exact_first and not _takes_an_exact_fit(make_arena):
-        return "a hole that is exactly num_slots long fits (>=, not >)"
+        return MISCONCEPTIONS["exact_fit"]
     if got == min(fitting, key=lambda h: (h[1], h[0]))[0]:
         return "this is best-fit (the smallest hole that fits); first-fit takes the first one"
     if seen.last_end is not None:
@@ -276,8 +260,7 @@ def random_ops(rng: random.Random) -> list[Op]:
     ops, live, next_id = [], [], 0
     for _ in range(rng.randint(2, 24)):
         if live and rng.random() < 0.4:
-            seq_id = live.pop(rng.randrange(len(live)))
-            ops.append(("free", seq_id))
+            ops.append(("free", live.pop(rng.randrange(len(live)))))
         else:
             ops.append(("reserve", next_id, rng.choice([1, 2, 3, 5, 8, 13, 21, 34, 70])))
             live.append(next_id)
@@ -287,19 +270,14 @@ def random_ops(rng: random.Random) -> list[Op]:
 
 def valid_ops(ops: list[Op]) -> list[Op]:
     """Drop frees of sequences that hold nothing (after shrinking removed their reserve)."""
-    held, kept = set(), []
-    ref = ContiguousArena(NUM_SLOTS)
+    ref, kept = ContiguousArena(NUM_SLOTS), []
     for op in ops:
-        if op[0] == "free" and op[1] not in held:
-            continue
         if op[0] == "reserve":
-            if isinstance(call_learner("reserve", ref.reserve, op[1], op[2]), CacheFullError):
-                kept.append(op)
-                continue
-            held.add(op[1])
-        else:
+            call_learner("reserve", ref.reserve, op[1], op[2])  # a refused one is kept too
+        elif op[1] in ref:
             ref.free(op[1])
-            held.discard(op[1])
+        else:
+            continue
         kept.append(op)
     return kept
 

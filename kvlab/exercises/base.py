@@ -26,25 +26,15 @@ class Mistake:
 
 @dataclass(frozen=True)
 class Exercise:
-    """One question with a numeric answer.
+    """One question with a numeric answer."""
 
-    Attributes:
-        exercise_id: ``"<lab>.<name>"``, e.g. ``"01.kv_bytes_llama3_8b"``.
-        question: the text the lab shows.
-        answer: computes the right answer from kvlab.
-        hint: for a wrong answer that matches no known mistake.
-        mistakes: known wrong answers, each with its own hint.
-        abs_tol: how far from the answer still counts as right (0: exact).
-        explanation: shown with "Correct", to confirm the reasoning.
-    """
-
-    exercise_id: str
-    question: str
-    answer: Callable[[], float]
-    hint: str
-    mistakes: tuple[Mistake, ...] = ()
-    abs_tol: float = 0.0
-    explanation: str = ""
+    exercise_id: str  # "<lab>.<name>", e.g. "01.kv_bytes_llama3_8b"
+    question: str  # the text the lab shows
+    answer: Callable[[], float]  # computes the right answer from kvlab
+    hint: str  # for a wrong answer that matches no known mistake
+    mistakes: tuple[Mistake, ...] = ()  # known wrong answers, each with its own hint
+    abs_tol: float = 0.0  # how far from the answer still counts as right (0: exact)
+    explanation: str = ""  # shown with "Correct", to confirm the reasoning
 
     def matches(self, value: float, candidate: float, abs_tol: float | None = None) -> bool:
         tol = self.abs_tol if abs_tol is None else abs_tol

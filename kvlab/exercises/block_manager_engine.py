@@ -1,12 +1,10 @@
 """Lab 03's build-it in the real engine: a learner's block manager hands out every block.
 
 ``check_generation`` serves SmolLM2 requests (one with two samples, so ``fork`` and
-copy-on-write run) twice, side by side: once through a ``PagedKVCache`` whose bookkeeping
-is the learner's manager (``LearnerBlockManager``, the engine's ``KVCacheManager``
-interface over it), once through kvlab's own ``BlockManager``. After every step, each
-sequence's K/V, read through its block table, must be the same in both; at the end, every
-token. A shared block written in place, or a block handed out while still held, shows at
-the step it happens.
+copy-on-write run) through a ``PagedKVCache`` whose bookkeeping is the learner's manager
+(``LearnerBlockManager``) and through kvlab's own, side by side (``run_side_by_side``): a
+shared block written in place, or a block handed out while still held, shows at the step
+it happens.
 
 Not handled: prefix caching (``plan_admission`` finds nothing cached), swapping.
 """
@@ -51,18 +49,10 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
     try:
         with one_torch_thread():
             engines = {}
-            for name in ("yours", "kvlab"):
-                manager = (
-                    LearnerBlockManager(manager_class, num_blocks, 4) if name == "yours" else None
-                )
-                cache = PagedKVCache.from_spec(
-                    spec,
-                    num_blocks,
-                    block_size=4,
-                    device="cpu",
-                    enable_prefix_caching=False,
-                    manager=manager,
-                )
+            learner = LearnerBlockManager(manager_class, num_blocks, 4)
+            options = dict(block_size=4, device="cpu", enable_prefix_caching=False)
+            for name, manager in (("yours", learner), ("kvlab", None)):
+                cache = PagedKVCache.from_spec(spec, num_blocks, manager=manager, **options)
                 engines[name] = LLMEngine(runner, cache, SchedulerConfig(max_num_seqs=4))
                 for index, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
                     engines[name].add_request(str(index), prompt, param)
@@ -70,12 +60,11 @@ def check_generation(manager_class, model=None, prompts=None) -> Verdict:
     except Exception as error:  # noqa: BLE001 - the learner's manager inside the engine
         return engine_stopped(error)
     preempted = engines["kvlab"].metrics.num_preemptions
-    return failure or Verdict(
-        "generation",
-        True,
+    detail = (
         f"{len(prompts)} requests, {len(prompts) + 1} samples, {preempted} preempted and "
-        "resumed, every step's K/V and every token as with kvlab's BlockManager",
+        "resumed, every step's K/V and every token as with kvlab's BlockManager"
     )
+    return failure or Verdict("generation", True, detail)
 
 
 def pool_that_preempts(prompts: Sequence[Sequence[int]], max_tokens: int, block_size: int) -> int:
@@ -87,6 +76,12 @@ def pool_that_preempts(prompts: Sequence[Sequence[int]], max_tokens: int, block_
 
     largest = max(blocks(len(p) + max_tokens) for p in prompts)
     return max(sum(blocks(len(p)) for p in prompts) - 4, largest + blocks(max_tokens) + 1)
+
+
+SHARED_WRITE = (
+    "two sequences wrote into the same slots: a shared block was written in place, or a block "
+    "was handed out while someone still held it"
+)
 
 
 def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:
@@ -104,15 +99,8 @@ def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:
         for seq_id in kvlab.kv.seq_ids():
             mine, theirs = _context_kv(yours.cache, seq_id), _context_kv(kvlab.cache, seq_id)
             if mine.shape != theirs.shape or not torch.allclose(mine, theirs):
-                return Verdict(
-                    "generation",
-                    False,
-                    f"after step {step}, the K/V that seq "
-                    f"{seq_id}'s block table points at differ from kvlab's",
-                    "two sequences wrote into the same slots: a shared block was "
-                    "written in place, or a block was handed out while someone "
-                    "still held it",
-                )
+                detail = f"after step {step}, the K/V that seq {seq_id}'s block table points at"
+                return Verdict("generation", False, f"{detail} differ from kvlab's", SHARED_WRITE)
     yours_out = [finished["yours"].get(str(i)) for i in range(num_requests)]
     kvlab_out = [finished["kvlab"][str(i)] for i in range(num_requests)]
     why = "the engine scheduled differently: compare free_blocks with kvlab's"
@@ -136,14 +124,10 @@ def _context_kv(cache, seq_id: int) -> torch.Tensor:
 
 
 class LearnerBlockManager(KVCacheManager):
-    """The engine's bookkeeping interface over a learner's block manager.
-
-    Every block the engine's sequences get comes from the learner's ``allocate_slots`` and
-    ``fork``, and goes back through their ``free``; this class only answers the engine's
-    questions from the learner's state (``block_tables``, ``num_tokens``, ``ref_cnt``,
-    ``free_blocks``), unchecked, so a wrong block corrupts K/V as it would in a real
-    engine. No prefix caching: ``plan_admission`` finds nothing cached.
-    """
+    """The engine's ``KVCacheManager`` interface over a learner's block manager: every block
+    comes from the learner's ``allocate_slots`` and ``fork`` and goes back through their
+    ``free``; questions are answered from the learner's state, unchecked, so a wrong block
+    corrupts K/V as it would in a real engine. ``plan_admission`` finds nothing cached."""
 
     def __init__(self, manager_class, num_blocks: int, block_size: int) -> None:
         self.learner = manager_class(num_blocks, block_size)

@@ -1,26 +1,19 @@
-"""The grading engine of lab 03's build-it block manager: operations run on the learner's
-manager and on kvlab's ``BlockManager`` side by side, and a failure shrunk to its core.
-
-    first_difference(make, ops)   the first criterion a sequence of operations breaks, what
-                                  happened, and the misconception it most often means
-    random_ops(rng)               a seeded sequence of allocate_slots, fork and free
-    candidates(ops)               smaller sequences, to shrink a failure with
-    new_manager, run, view        a sequence replayed on the learner's manager
+"""The grading engine of lab 03's build-it block manager: allocate_slots, fork and free on
+the learner's manager and on kvlab's ``BlockManager`` side by side.
 
 The two managers may pick different physical blocks (any free block will do), so they are
-compared by what must agree (token counts, free-block counts, refusals, how many copies,
-and that the block a step writes is held by nobody else), and the learner's state is
-checked against the invariants of paged memory after every operation
-(``kvlab.exercises.block_manager_invariants``): each table holds
-``ceil(num_tokens / block_size)`` blocks, a block's ``ref_cnt`` is the number of tables
-holding it, the free list is exactly the blocks with ``ref_cnt == 0``.
+compared by what must agree (refusals, how many copies, and that the block a step writes
+is held by nobody else), and the learner's state is checked against the invariants of
+paged memory after every operation (``kvlab.exercises.block_manager_invariants``).
 
-``kvlab.exercises.build_block_manager`` describes the exercise with these. Not handled: prefix
-caching (lab 06), swapping.
+``first_difference``, ``random_ops``, ``candidates`` and ``show_op`` are the build-it's
+``Search`` (``kvlab.exercises.build_block_manager``); ``new_manager``, ``run`` and ``view``
+its ``Replay``. Not handled: prefix caching (lab 06), swapping.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from collections.abc import Callable
@@ -46,13 +39,32 @@ _CRITERION_OF = {
 }
 
 
-# A sequence id comes back after its free (kvlab's engine frees a preempted request and
-# allocates it again under the same id): a free that forgets part of the sequence shows
-# only then, as a wrong count or an error of the call that reuses the id.
-_FREE_FORGETS = (
-    "free must forget the whole sequence (its block table and its num_tokens): an id "
-    "used again after free starts from nothing"
-)
+# What a failure of each kind most often means, named where the operation and the state
+# it saw point to it.
+MISCONCEPTIONS = {
+    # A sequence id comes back after its free (kvlab's engine frees a preempted request and
+    # allocates it again under the same id): a free that forgets part of the sequence shows
+    # only then, as a wrong count or an error of the call that reuses the id.
+    "free_forgets": "free must forget the whole sequence (its block table and its num_tokens): "
+    "an id used again after free starts from nothing",
+    "fork_blocks": "the child starts with every block of its parent, in order",
+    "fork_list": "give the child a copy of the list: when one of them grows, the other must not",
+    "fork_tokens": "the child holds its parent's tokens (num_tokens too)",
+    "fork_takes": "a fork shares blocks; it takes none (that is the point of ref_cnt)",
+    "raise_full": "when too few blocks are free, raise CacheFullError (imported in cell 1)",
+    "count_first": "count every block the call needs (new ones, and a copy-on-write block) "
+    "against len(free_blocks) before taking any",
+    "count_new": "only the blocks the new tokens need count: ceil((num_tokens + new) / "
+    "block_size) minus the blocks already held, plus one for a shared last block",
+    "check_first": "check that the blocks are there first, then take them",
+    "copy": "before writing into a partly filled block that another sequence holds, take a "
+    "fresh block, copy into it (return (old, new)) and put it in the table",
+    "copy_full": "a full shared last block needs no copy: the new tokens go into new blocks",
+    "copy_shared": "copy only a last block that someone else holds (ref_cnt > 1)",
+    "copy_replaces": "return (the shared block, its fresh copy), and the copy replaces the "
+    "shared block in this sequence's table",
+    "write_shared": "a shared block is never written in place: copy it first",
+}
 
 
 def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | None:
@@ -65,11 +77,12 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
         try:
             failure = _one_op(mine, ref, op, where) or check_invariants(mine, ref, op, where)
         except LearnerError as error:  # a bug in the method it names: the message shows it
-            return _CRITERION_OF[error.method], f"{where}: {error}", _FREE_FORGETS if reused else ""
+            why = MISCONCEPTIONS["free_forgets"] if reused else ""
+            return _CRITERION_OF[error.method], f"{where}: {error}", why
         if failure is not None:
             if reused and failure[0] == "grows":
                 detail = f"{failure[1]} (seq {_started(op)} was freed before)"
-                return failure[0], detail, _FREE_FORGETS
+                return failure[0], detail, MISCONCEPTIONS["free_forgets"]
             return failure
         if op[0] == "free":
             freed.add(op[1])
@@ -96,35 +109,23 @@ def _one_op(mine, ref, op: Op, where: str):
         ref.fork(parent, child)
         free_before = len(mine.free_blocks)
         call_learner("fork", mine.fork, parent, child)
-        tables = mine.block_tables
+        tables, counts = mine.block_tables, mine.num_tokens
         if child not in tables or tables[child] != tables.get(parent):
-            return (
-                "fork",
-                f"{where}: the child's block table is {tables.get(child)}, "
-                f"its parent's {tables.get(parent)}",
-                "the child starts with every block of its parent, in order",
-            )
+            mine_and_parent = f"{tables.get(child)}, its parent's {tables.get(parent)}"
+            detail = f"{where}: the child's block table is {mine_and_parent}"
+            return "fork", detail, MISCONCEPTIONS["fork_blocks"]
         if tables[child] is tables[parent]:
-            return (
-                "fork",
-                f"{where}: the child's block table is the parent's list itself",
-                "give the child a copy of the list: when one of them grows, the other must not",
+            detail = f"{where}: the child's block table is the parent's list itself"
+            return "fork", detail, MISCONCEPTIONS["fork_list"]
+        if counts.get(child) != counts.get(parent):
+            detail = (
+                f"{where}: num_tokens is {counts.get(child, 'missing')} for the child, "
+                f"{counts.get(parent, 'missing')} for its parent"
             )
-        if mine.num_tokens.get(child) != mine.num_tokens.get(parent):
-            return (
-                "fork",
-                f"{where}: num_tokens is {mine.num_tokens.get(child, 'missing')} for the "
-                f"child, {mine.num_tokens.get(parent, 'missing')} for its parent",
-                "the child holds its parent's tokens (num_tokens too)"
-                if child not in mine.num_tokens
-                else "",
-            )
+            return "fork", detail, MISCONCEPTIONS["fork_tokens"] if child not in counts else ""
         if len(mine.free_blocks) != free_before:
-            return (
-                "fork",
-                f"{where}: {free_before - len(mine.free_blocks)} blocks taken",
-                "a fork shares blocks; it takes none (that is the point of ref_cnt)",
-            )
+            detail = f"{where}: {free_before - len(mine.free_blocks)} blocks taken"
+            return "fork", detail, MISCONCEPTIONS["fork_takes"]
         return None
     return _allocate(mine, ref, op, where)
 
@@ -141,38 +142,24 @@ def _allocate(mine, ref, op: Op, where: str):
     except LearnerError as error:
         if not isinstance(expected, CacheFullError):
             raise
-        return (
-            "refuses",
-            f"{where}: {error}, where too few blocks are free ({ref.num_free_blocks})",
-            "when too few blocks are free, raise CacheFullError (imported in cell 1)",
-        )
+        detail = f"{where}: {error}, where too few blocks are free ({ref.num_free_blocks})"
+        return "refuses", detail, MISCONCEPTIONS["raise_full"]
     if isinstance(expected, CacheFullError) != isinstance(got, CacheFullError):
         if isinstance(expected, CacheFullError):
-            why = (
-                "count every block the call needs (new ones, and a copy-on-write block) "
-                "against len(free_blocks) before taking any"
-            )
-            return (
-                "refuses",
-                f"{where}: succeeded, but only {ref.num_free_blocks} blocks are free",
-                why,
-            )
-        why = (
-            "only the blocks the new tokens need count: ceil((num_tokens + new) / "
-            "block_size) minus the blocks already held, plus one for a shared last block"
-        )
+            detail = f"{where}: succeeded, but only {ref.num_free_blocks} blocks are free"
+            return "refuses", detail, MISCONCEPTIONS["count_first"]
+        why = MISCONCEPTIONS["count_new"]
         needed = free_before - ref.num_free_blocks
         if needed == free_before:
             why = f"a call that needs as many blocks as are free ({needed}) fits: >, not >="
         return "refuses", f"{where}: raised CacheFullError, but there was room", why
     if isinstance(got, CacheFullError):
         if _state(mine) != before:
-            return (
-                "refusal_changes_nothing",
+            detail = (
                 f"{where}: raised CacheFullError after changing "
-                "the block tables, num_tokens, ref_cnt or free_blocks",
-                "check that the blocks are there first, then take them",
+                "the block tables, num_tokens, ref_cnt or free_blocks"
             )
+            return "refusal_changes_nothing", detail, MISCONCEPTIONS["check_first"]
         return None
     return _check_copies(mine, op, num_old, old_table, got, len(expected), where)
 
@@ -183,37 +170,32 @@ def _check_copies(mine, op: Op, num_old, old_table, got, num_expected, where):
     size = BLOCK_SIZE
     if len(copies) != num_expected:
         if num_expected:
-            why = (
-                "before writing into a partly filled block that another sequence holds, "
-                "take a fresh block, copy into it (return (old, new)) and put it in the table"
-            )
+            why = MISCONCEPTIONS["copy"]
         elif num_old % size == 0:
-            why = "a full shared last block needs no copy: the new tokens go into new blocks"
+            why = MISCONCEPTIONS["copy_full"]
         else:
-            why = "copy only a last block that someone else holds (ref_cnt > 1)"
+            why = MISCONCEPTIONS["copy_shared"]
         return "copy_on_write", f"{where}: returned {copies}, expected {num_expected} copy", why
     table = mine.block_tables.get(seq_id, [])
     if copies:
         (src, dst), last = copies[0], (num_old - 1) // size
         if src != old_table[last] or len(table) <= last or table[last] != dst:
-            return (
-                "copy_on_write",
+            now = table[last] if len(table) > last else None
+            detail = (
                 f"{where}: returned {copies}; block {last} of the table "
-                f"was {old_table[last]} and is now {table[last] if len(table) > last else None}",
-                "return (the shared block, its fresh copy), and the copy replaces the "
-                "shared block in this sequence's table",
+                f"was {old_table[last]} and is now {now}"
             )
+            return "copy_on_write", detail, MISCONCEPTIONS["copy_replaces"]
     written = {
         table[pos // size] for pos in range(num_old, num_old + num_new) if pos // size < len(table)
     }
     shared = sorted(b for b in written if mine.ref_cnt[b] > 1)
     if shared:
-        return (
-            "copy_on_write",
-            f"{where}: the new tokens go into block {shared[0]}, which "
-            f"{mine.ref_cnt[shared[0]]} sequences hold",
-            "a shared block is never written in place: copy it first",
+        holders = mine.ref_cnt[shared[0]]
+        detail = (
+            f"{where}: the new tokens go into block {shared[0]}, which {holders} sequences hold"
         )
+        return "copy_on_write", detail, MISCONCEPTIONS["write_shared"]
     return None
 
 
@@ -231,7 +213,6 @@ def show_op(op: Op) -> str:
 def random_ops(rng: random.Random) -> list[Op]:
     """2 to 20 operations on live sequences; a new sequence (or a fork's child) takes a freed
     id again half of the time, as the engine does with a preempted request."""
-    length = rng.randint(2, 20)
     ops, live, freed, next_id = [], [], [], 0
 
     def new_id() -> int:
@@ -241,7 +222,7 @@ def random_ops(rng: random.Random) -> list[Op]:
         next_id += 1
         return next_id - 1
 
-    for _ in range(length):
+    for _ in range(rng.randint(2, 20)):
         roll = rng.random()
         if live and roll < 0.15:
             child = new_id()
@@ -272,10 +253,8 @@ def valid_ops(ops: list[Op]) -> list[Op]:
                 continue
             ref.fork(op[1], op[2])
         else:
-            try:
+            with contextlib.suppress(CacheFullError):  # a refused one is kept too
                 ref.allocate_slots(op[1], op[2])
-            except CacheFullError:
-                pass
         kept.append(op)
     return kept
 

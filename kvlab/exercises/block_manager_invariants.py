@@ -1,8 +1,5 @@
 """The invariants of paged memory, checked on lab 03's build-it block manager after every
-operation (``kvlab.exercises.block_manager_grader`` runs the operations).
-
-The learner's manager may pick other physical blocks than kvlab's (any free block will
-do), so its state is checked against what must hold whichever blocks it took:
+operation (``block_manager_grader`` runs them), whichever free blocks it took:
 
     grows         it holds the sequences kvlab's manager holds, each with kvlab's token
                   count, in ``ceil(num_tokens / block_size)`` blocks
@@ -24,26 +21,13 @@ from kvlab.exercises.learner_pool import call_learner
 
 
 def check_invariants(mine, ref, op: tuple, where: str) -> tuple[str, str, str] | None:
-    """The learner's state after an operation, against paged memory's invariants.
-
-    Args:
-        mine: the learner's manager.
-        ref: kvlab's ``BlockManager``, after the same operations.
-        op: the operation just run: ``("allocate_slots", seq_id, n)``, ``("fork", parent,
-            child)`` or ``("free", seq_id)``. The misconception is named from it (every
-            invariant held before it), or left empty when nothing points at one.
-        where: the operation, for the message.
-
-    Returns:
-        (criterion, what happened, misconception) of the first invariant broken, or None.
-    """
+    """(criterion, what happened, misconception) of the first invariant the learner's
+    manager ``mine`` breaks after ``op`` (``where``, in words), or None; ``ref`` is kvlab's
+    after the same operations. The misconception is named from ``op`` (every invariant held
+    before it), or left empty when nothing points at one."""
     if set(mine.block_tables) != set(ref.seq_ids()):
-        return (
-            "grows",
-            f"after {where}: sequences {sorted(mine.block_tables)}, expected "
-            f"{sorted(ref.seq_ids())}",
-            _wrong_sequences(mine, op),
-        )
+        seqs = f"sequences {sorted(mine.block_tables)}, expected {sorted(ref.seq_ids())}"
+        return "grows", f"after {where}: {seqs}", _wrong_sequences(mine, op)
     for seq_id, table in mine.block_tables.items():
         failure = _check_table(mine, ref, op, seq_id, table, where)
         if failure:
@@ -52,20 +36,14 @@ def check_invariants(mine, ref, op: tuple, where: str) -> tuple[str, str, str] |
     wrong = [b for b in range(ref.num_blocks) if mine.ref_cnt[b] != held[b]]
     if wrong:
         b = wrong[0]
-        return (
-            "ref_cnt",
-            f"after {where}: block {b} has ref_cnt {mine.ref_cnt[b]}, but it is in "
-            f"{plural(held[b], 'block table')}",
-            _wrong_ref_cnt(mine, op, b, held[b]),
-        )
+        tables = plural(held[b], "block table")
+        detail = f"block {b} has ref_cnt {mine.ref_cnt[b]}, but it is in {tables}"
+        return "ref_cnt", f"after {where}: {detail}", _wrong_ref_cnt(mine, op, b, held[b])
     free = list(mine.free_blocks)
     unheld = sorted(b for b in range(ref.num_blocks) if held[b] == 0)
     if sorted(free) != unheld:
-        return (
-            "ref_cnt",
-            f"after {where}: free_blocks is {sorted(free)}, expected {unheld}",
-            _wrong_free_blocks(mine, op, free, held),
-        )
+        detail = f"after {where}: free_blocks is {sorted(free)}, expected {unheld}"
+        return "ref_cnt", detail, _wrong_free_blocks(mine, op, free, held)
     return None
 
 
@@ -74,27 +52,24 @@ def _check_table(mine, ref, op: tuple, seq_id: int, table: list, where: str):
     size, grown = ref.block_size, op[0] == "allocate_slots" and op[1] == seq_id
     num_tokens = mine.num_tokens.get(seq_id)
     if num_tokens != ref.num_tokens(seq_id):
+        count = f"num_tokens[{seq_id}] is {num_tokens}, expected {ref.num_tokens(seq_id)}"
         return (
             "grows",
-            f"after {where}: num_tokens[{seq_id}] is {num_tokens}, expected "
-            f"{ref.num_tokens(seq_id)}",
+            f"after {where}: {count}",
             "num_tokens grows by num_new_tokens" if grown else "",
         )
     need = -(-num_tokens // size)
     if len(table) != need:
         why = ""
-        if grown:
-            why = (
-                "a sequence takes a new block only when its last one is full"
-                if len(table) > need
-                else "count the blocks for all its tokens, old and new: ceil(num_tokens / size)"
-            )
-        return (
-            "grows",
+        if grown and len(table) > need:
+            why = "a sequence takes a new block only when its last one is full"
+        elif grown:
+            why = "count the blocks for all its tokens, old and new: ceil(num_tokens / size)"
+        detail = (
             f"after {where}: seq {seq_id} holds {plural(num_tokens, 'token')} in "
-            f"{len(table)} blocks {table}, expected {need}",
-            why,
+            f"{len(table)} blocks {table}, expected {need}"
         )
+        return "grows", detail, why
     return _check_slot_mapping(mine, seq_id, table, num_tokens, size, where)
 
 
@@ -141,12 +116,12 @@ def _wrong_free_blocks(mine, op: tuple, free: list, held: Counter) -> str:
         return "freed a block another sequence still holds: it goes back only at ref_cnt 0"
     if op[0] == "allocate_slots" and still_held[0] in mine.block_tables.get(op[1], ()):
         return "a block the sequence takes leaves free_blocks"
-    if op[0] == "allocate_slots":
-        return (
-            "copy-on-write gave the shared block back while another sequence holds it: "
-            "it goes back only at ref_cnt 0"
-        )
-    return ""
+    return (
+        "copy-on-write gave the shared block back while another sequence holds it: it goes "
+        "back only at ref_cnt 0"
+        if op[0] == "allocate_slots"
+        else ""
+    )
 
 
 def _check_slot_mapping(mine, seq_id, table, num_tokens, size, where):
@@ -157,19 +132,15 @@ def _check_slot_mapping(mine, seq_id, table, num_tokens, size, where):
         why = "slot = block_table[pos // block_size] * block_size + pos % block_size"
         if got == list(range(num_tokens)):
             why = "a position's slot goes through the block table: " + why
-        return (
-            "slot_mapping",
+        detail = (
             f"after {where}: slot_mapping(seq {seq_id}, 0, {num_tokens}) "
-            f"= {got}, expected {expected} (block table {table})",
-            why,
+            f"= {got}, expected {expected} (block table {table})"
         )
+        return "slot_mapping", detail, why
     if num_tokens > 1:
         tail = call_learner("slot_mapping", mine.slot_mapping, seq_id, 1, num_tokens - 1)
         if tail is None or list(tail) != expected[1:]:
-            return (
-                "slot_mapping",
-                f"after {where}: slot_mapping(seq {seq_id}, 1, "
-                f"{num_tokens - 1}) = {tail}, expected {expected[1:]}",
-                "start is the first position, num how many follow",
-            )
+            call = f"slot_mapping(seq {seq_id}, 1, {num_tokens - 1})"
+            detail = f"after {where}: {call} = {tail}, expected {expected[1:]}"
+            return "slot_mapping", detail, "start is the first position, num how many follow"
     return None

@@ -8,14 +8,11 @@ The learner writes three methods of a contiguous arena (the stub is in lab 02):
     free(seq_id)                          its range becomes free; neighbours merge
     holes() -> [(start, length), ...]     every free run, merged, in address order
 
-``check_arena(MyArena)`` grades it criterion by criterion. Random sequences of reserves
-and frees run on the learner's arena and on kvlab's ``ContiguousArena`` side by side; the
-first difference names the broken criterion, is shrunk to the fewest operations that
-still show it, and comes with the misconception it most often means. Only when every
-criterion holds does the arena serve real requests: SmolLM2 (or any model) generates
-through ``ContiguousKVCache`` with the learner's arena placing every range, and the tokens
-must equal kvlab's own run, which equals Hugging Face ``generate`` (the oracle of
-``tests/test_cache_equivalence.py``).
+``check_arena(MyArena)`` grades it (``grading.BuildIt``): seeded random reserves and frees
+on the learner's arena and on kvlab's ``ContiguousArena`` side by side (``arena_grader``);
+then SmolLM2 (or any model) generates through ``ContiguousKVCache`` with the learner's arena
+placing every range, and the tokens must equal kvlab's own run, which equals Hugging Face
+``generate`` (the oracle of ``tests/test_cache_equivalence.py``).
 
     hint_arena(1), hint_arena(2), ...   help in steps, from a nudge to the algorithm
     reveal_arena()                      kvlab's own reserve, free and holes
@@ -119,18 +116,16 @@ def check_generation(arena_class, model, prompts) -> Verdict:
             results[name] = serve(runner, cache, prompts, 12, arrival_steps=arrivals)
     yours, kvlab = results["yours"], results["kvlab"]
     if yours.start_steps != kvlab.start_steps:
-        return Verdict(
-            "generation",
-            False,
+        detail = (
             f"with your arena the requests started at steps {yours.start_steps}, with "
-            f"kvlab's at {kvlab.start_steps} (they arrived at {arrivals})",
-            "a reserve refused a range that a hole could hold, so a request waited",
+            f"kvlab's at {kvlab.start_steps} (they arrived at {arrivals})"
         )
+        why = "a reserve refused a range that a hole could hold, so a request waited"
+        return Verdict("generation", False, detail, why)
     why = "two ranges shared slots: one request's K/V overwrote another's"
+    detail = f"{len(prompts)} requests, the same tokens as with kvlab's arena (= HF generate)"
     return different_requests(yours.outputs, kvlab.outputs, why) or Verdict(
-        "generation",
-        True,
-        f"{len(prompts)} requests, the same tokens as with kvlab's arena (= HF generate)",
+        "generation", True, detail
     )
 
 

@@ -3,24 +3,21 @@
 The learner writes four methods of a block manager over ``num_blocks`` blocks of
 ``block_size`` slots (the stub, with its state, is in lab 03):
 
-    allocate_slots(seq_id, n) -> copies   room for n more tokens: a new block only when
-                                          the last one is full; a shared, partly filled
-                                          last block is copied first (copy-on-write) and
-                                          [(old, new)] returned; CacheFullError (and no
-                                          change) when the free blocks are too few
-    slot_mapping(seq_id, start, num)      the slot of each position: table[pos // size] *
-                                          size + pos % size
+    allocate_slots(seq_id, n) -> copies   room for n more tokens: a new block only when the
+                                          last one is full; a shared, partly filled last
+                                          block is copied first (copy-on-write) and [(old,
+                                          new)] returned; CacheFullError (and no change)
+                                          when the free blocks are too few
+    slot_mapping(seq_id, start, num)      each position's slot: table[pos // size] * size
+                                          + pos % size
     fork(parent, child)                   the child shares every block (ref_cnt += 1)
     free(seq_id)                          ref_cnt -= 1 on each block; at 0 it is free again
 
-``check_block_manager(MyBlockManager)`` grades it criterion by criterion. Seeded random
-sequences of those calls run on the learner's manager and on kvlab's ``BlockManager`` side
-by side; the learner's state is checked against the invariants of paged memory after every
-call, and the first failure is shrunk to the fewest calls that still show it, with the
-misconception it most often means. When every criterion holds, SmolLM2 serves requests
-(one of them with two samples, so ``fork`` and copy-on-write run for real) through a
-``PagedKVCache`` whose every block the learner's manager hands out, and the tokens must
-equal kvlab's own run.
+``check_block_manager(MyBlockManager)`` grades it (``grading.BuildIt``): seeded random
+sequences of those calls on the learner's manager and on kvlab's ``BlockManager`` side by
+side (``block_manager_grader``); then SmolLM2 serves requests (one with two samples, so
+``fork`` and copy-on-write run for real) with the learner's manager handing out every
+block (``block_manager_engine``), and the tokens must equal kvlab's own run.
 
     hint_block_manager(1), (2), (3)   help in steps, from a nudge to the algorithm
     reveal_block_manager()            kvlab's own methods
@@ -32,18 +29,8 @@ from __future__ import annotations
 
 from kvlab.cache.block_manager import BlockManager
 from kvlab.exercises import block_manager_grader as grader
-from kvlab.exercises.block_manager_engine import LearnerBlockManager, check_generation
+from kvlab.exercises.block_manager_engine import check_generation
 from kvlab.exercises.grading import BuildIt, Replay, Report, Search, Verdict, check_calls
-
-__all__ = [
-    "BLOCK_MANAGER",
-    "CRITERIA",
-    "LearnerBlockManager",
-    "check_block_manager",
-    "check_generation",
-    "hint_block_manager",
-    "reveal_block_manager",
-]
 
 CRITERIA = {
     "written": "allocate_slots, slot_mapping, fork and free run (none raises NotImplementedError)",

@@ -10,12 +10,10 @@ blocks left empty. One pass of the loop, written by the learner:
     m_new  = max(m_i, max(scores));  alpha = exp(m_i - m_new);  p = exp(scores - m_new)
     l_i    = l_i * alpha + sum(p);   acc = acc * alpha + p @ v;  m_i = m_new
 
-``check_kernel(my_decode_kernel)`` launches it (``decode_with``: one program per (sequence,
-query head), in the interpreter on a CPU) on cases that each add one difficulty, and
-compares every output row with ``paged_decode_attention_ref``; it stops at the first
-case that fails and names the row, the error and the misconception it most often means.
-When every case holds, the tiny model generates with the learner's kernel computing the
-attention of every decode step, and its tokens must equal the reference backend's.
+``check_kernel(my_decode_kernel)`` launches it (``decode_with``) on cases that each add one
+difficulty (``CASES``), every output row against ``paged_decode_attention_ref``, up to the
+first case that fails; then the tiny model decodes with the learner's kernel, and its
+tokens must equal the reference backend's.
 
     hint_kernel(1), (2), (3)   help in steps
     reveal_kernel()            kvlab's own kernel (``kvlab.kernels.paged_attention``)
@@ -36,12 +34,11 @@ from kvlab.exercises.grading import (
     BuildIt,
     Report,
     Verdict,
+    different_requests,
     engine_stopped,
     one_torch_thread,
     plural,
 )
-
-__all__ = ["CRITERIA", "KERNEL", "check_kernel", "decode_with", "hint_kernel", "reveal_kernel"]
 
 CRITERIA = {
     "written": "the loop computes something (the output is no longer 0 / 0)",
@@ -59,25 +56,16 @@ TOLERANCE = 1e-5  # float32: the order of the sums changes only the last bits
 
 
 class Case(NamedTuple):
-    """One launch of the learner's kernel, on a random paged cache (``_inputs``).
-
-    Attributes:
-        shuffled: blocks handed out in random order; else a sequence's logical block i is
-            physical block i.
-        query_scale: queries times this (3: the max grows from block to block; 100:
-            scores in the hundreds).
-        scores: "random", or steered: "negative" (every score near -300) or "mixed"
-            (near +300 and -300 on alternate slots), see ``_steer_scores``.
-    """
+    """One launch of the learner's kernel, on a random paged cache (``_inputs``)."""
 
     seq_lens: list[int]
     block_size: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    shuffled: bool = True
-    query_scale: float = 1.0
-    scores: str = "random"
+    shuffled: bool = True  # blocks in random order; else logical block i is physical block i
+    query_scale: float = 1.0  # 3: the max grows from block to block; 100: scores in the hundreds
+    scores: str = "random"  # or steered (``_steer_scores``): "negative" or "mixed"
 
 
 # Each criterion adds one difficulty to those before it. Until "shapes", every case has
@@ -131,7 +119,8 @@ HEAD_MAPPING = (
     "some query heads are right and others off, so heads read the wrong KV head: query "
     "head h reads KV head h // GROUP, at kv_cache_ptr + (head // GROUP) * stride_kv_head"
 )
-# What a failure of each large-score case means, by how its scores were steered.
+# What a failure of each large-score case means, by how its scores were steered: each names
+# an overflow or a 0 / 0, so it is named only when the rows it got wrong are NaN or inf.
 LARGE_SCORES = {
     "random": "exponentiate scores minus the running max, never the raw scores (exp(100) is "
     "past float32's range)",
@@ -243,19 +232,20 @@ def _check_cases(kernel, criterion: str, cases: list[Case]) -> Verdict:
                     "first block m_i is -inf, so exp(scores - m_i) is inf and inf / inf NaN",
                 )
             return Verdict("written", True)
-        failure = _first_wrong_row(mine, expected)
-        if failure is not None:
+        errors = _row_errors(mine, expected)
+        if errors.max() > TOLERANCE:
             where = _describe(case, number, len(cases))
-            why = _misconception(criterion, case, number, _wrong_rows(mine, expected))
-            return Verdict(criterion, False, f"{where}: {failure}", why)
+            why = _misconception(criterion, case, number, errors)
+            return Verdict(criterion, False, f"{where}: {_first_wrong_row(errors)}", why)
     return Verdict(criterion, True)
 
 
-def _misconception(criterion: str, case: Case, number: int, wrong: torch.Tensor) -> str:
+def _misconception(criterion: str, case: Case, number: int, errors: torch.Tensor) -> str:
     """What a failure of ``case`` most often means, from the difficulty it adds and the
-    rows it got wrong (``wrong``: (num_seqs, num_heads) bools); "" when nothing fits."""
-    if criterion == "large_scores":
-        return LARGE_SCORES[case.scores]
+    rows it got wrong (``errors``: ``_row_errors``); "" when nothing fits."""
+    wrong = errors > TOLERANCE
+    if criterion == "large_scores":  # a finite error is neither an overflow nor 0 / 0
+        return LARGE_SCORES[case.scores] if errors[wrong].isinf().all() else ""
     if criterion != "kv_heads":
         return MISCONCEPTIONS[criterion]
     if not wrong.all():  # the same slots, read right for some heads
@@ -312,14 +302,8 @@ def _row_errors(mine: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(error), torch.full_like(error, float("inf")), error)
 
 
-def _wrong_rows(mine: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    return _row_errors(mine, expected) > TOLERANCE
-
-
-def _first_wrong_row(mine: torch.Tensor, expected: torch.Tensor) -> str | None:
-    error = _row_errors(mine, expected)
-    if error.max() <= TOLERANCE:
-        return None
+def _first_wrong_row(error: torch.Tensor) -> str:
+    """The row of ``_row_errors`` furthest off, and by how much."""
     seq, head = divmod(int(error.argmax()), error.shape[1])
     value = "NaN or inf" if error[seq, head].isinf() else f"{error[seq, head]:.2g}"
     return (
@@ -376,21 +360,14 @@ def check_generation(kernel, model=None) -> Verdict:
                 outputs[name] = serve(runner, cache, prompts, max_new_tokens=8).outputs
     except Exception as error:  # noqa: BLE001 - the learner's kernel inside the model
         return engine_stopped(error)
-    if outputs["yours"] != outputs["reference"]:
-        bad = [
-            i
-            for i, (a, b) in enumerate(zip(outputs["yours"], outputs["reference"], strict=True))
-            if a != b
-        ]
-        return Verdict(
-            "generation",
-            False,
-            f"prompts {bad} decoded other tokens than the reference backend's",
-            "right on the random cases, wrong in the model: a size or stride typed in, or "
-            "state left over from an earlier block",
-        )
-    return Verdict(
-        "generation",
-        True,
-        f"{len(prompts)} prompts, 7 decode steps each, every token as with the reference backend",
+    why = (
+        "right on the random cases, wrong in the model: a size or stride typed in, or state "
+        "left over from an earlier block"
+    )
+    what = "prompts {} decoded other tokens than the reference backend's"
+    detail = (
+        f"{len(prompts)} prompts, 7 decode steps each, every token as with the reference backend"
+    )
+    return different_requests(outputs["yours"], outputs["reference"], why, what) or Verdict(
+        "generation", True, detail
     )

@@ -4,36 +4,30 @@ the engine.
 The learner writes five methods of a block pool (the stub, with its state, is in lab 06),
 to vLLM 0.32.0's rules (``vllm/v1/core/block_pool.py``, as ``kvlab.cache.block_pool``):
 
-    allocate(num) -> block_ids        from the front of free_queue, ref_cnt 1 each; a cached
-                                      block handed out is evicted (its hash forgotten, and
-                                      a hash with no block left leaves cached);
-                                      CacheFullError and no change when fewer than num are
-                                      free (exactly num free is enough)
-    free(block_ids)                   ref_cnt - 1 each; at 0 a block without a hash goes to
-                                      the front of free_queue (one call's blocks in their
-                                      order: callers pass a sequence's blocks last first),
-                                      a hashed one to the back, keeping its hash
-    cache(block_id, block_hash)       a held, full block is hashed, findable even when
-                                      another block already has that hash (cached[hash]
-                                      lists the copies, oldest first); a block that has a
-                                      hash keeps it; vLLM's name: "cache" means "hash"
-    take_cached(block_id)             a prefix hit: ref_cnt + 1; a free block leaves the queue
-    match_prefix(block_size, ids)     the chained hashes of the prompt's blocks of block_size
-                                      tokens (the argument: the check passes 2), walked
-                                      until the first the cache lacks, never the block of the
-                                      prompt's last token: (block_ids, block_hashes), each
-                                      block the first copy of its hash; changes nothing
+    allocate(num) -> block_ids     from the front of free_queue, ref_cnt 1 each; a cached
+                                   block handed out is evicted (its hash forgotten, and a hash
+                                   with no block left leaves cached); CacheFullError and no
+                                   change when fewer than num are free (exactly num is enough)
+    free(block_ids)                ref_cnt - 1 each; at 0 a block without a hash goes to the
+                                   front of free_queue (one call's blocks in their order:
+                                   callers pass a sequence's blocks last first), a hashed one
+                                   to the back, keeping its hash
+    cache(block_id, block_hash)    a held, full block is hashed, findable even when another
+                                   block already has that hash (cached[hash] lists the copies,
+                                   oldest first); a block that has a hash keeps it; vLLM's
+                                   name: "cache" means "hash"
+    take_cached(block_id)          a prefix hit: ref_cnt + 1; a free block leaves the queue
+    match_prefix(block_size, ids)  the chained hashes of the prompt's blocks of block_size
+                                   tokens (the argument: the check passes 2), walked until the
+                                   first the cache lacks, never the block of the prompt's last
+                                   token: (block_ids, block_hashes), each block the first copy
+                                   of its hash; changes nothing
 
-``check_prefix_cache(MyBlockPool)`` grades it criterion by criterion. Seeded requests whose
-prompts share prefixes go through a ``BlockManager`` that takes its blocks from the
-learner's pool and through one on kvlab's ``BlockPool``, side by side; after every request
-the pools must agree on every ``ref_cnt``, the free queue's order, every ``block_hash`` and
-the tokens each prompt found cached. Fixed cases add what those requests rarely reach (an
-exact fit, a block hashed twice, a gap). The first failure is shrunk and comes with the
-misconception its operation and state point to, if one does. Last, SmolLM2 serves
-requests with one system prompt through the engine, prefix caching on, with the learner's
-pool inside: every step's K/V and every token must equal kvlab's, and so must the prompt
-tokens the cache served.
+``check_prefix_cache(MyBlockPool)`` grades it (``grading.BuildIt``): seeded requests whose
+prompts share prefixes through a ``BlockManager`` on the learner's pool and one on kvlab's
+``BlockPool``, side by side, and fixed probes (``prefix_cache_grader``); then SmolLM2
+serves requests with one system prompt from the learner's pool (``prefix_cache_engine``):
+every step's K/V, every token and the prompt tokens the cache served must equal kvlab's.
 
     hint_prefix_cache(1), (2), (3)    help in steps
     reveal_prefix_cache()             kvlab's own methods
@@ -46,20 +40,8 @@ from __future__ import annotations
 from kvlab.cache.block_pool import BlockPool, LRUEviction
 from kvlab.cache.prefix_cache import PrefixCache
 from kvlab.exercises import prefix_cache_grader as grader
-from kvlab.exercises.grading import BuildIt, Replay, Report, Search, Verdict, check_calls
-from kvlab.exercises.learner_pool import LearnerPool
+from kvlab.exercises.grading import BuildIt, Replay, Report, Search, check_calls
 from kvlab.exercises.prefix_cache_engine import check_generation
-
-__all__ = [
-    "CRITERIA",
-    "LearnerPool",
-    "PREFIX_CACHE",
-    "Verdict",
-    "check_generation",
-    "check_prefix_cache",
-    "hint_prefix_cache",
-    "reveal_prefix_cache",
-]
 
 CRITERIA = {
     "written": "allocate, free, cache, take_cached and match_prefix run (none raises "
@@ -81,49 +63,41 @@ HINTS = (
     "front, del free_queue[b] takes b out of the middle. cached maps block_hash -> "
     "[block_id, ...], the oldest copy first; block_hash[b] is the other direction, and the "
     "two always agree.",
-    "\n".join(
-        (
-            "What each method changes:",
-            "- allocate: blocks from the front; a hashed one is evicted (loses its hash);",
-            "  ref_cnt 1 each",
-            "- free: ref_cnt - 1; at 0 a plain block to the front (the first freed first),",
-            "  a hashed one to the back",
-            "- cache: only a block with no hash yet, at the end of cached[hash]",
-            "- take_cached: out of free_queue if it is free, then ref_cnt + 1",
-            "- match_prefix: the prompt in blocks of its block_size argument (not the",
-            "  notebook's BLOCK_SIZE), each hash chained to the one before, from ROOT_HASH",
-        )
-    ),
-    "\n".join(
-        (
-            "allocate(num):",
-            "  1. if num > len(free_queue): raise CacheFullError (nothing changed yet)",
-            "  2. num times: b = free_queue.popitem(last=False)[0]",
-            "  3. if block_hash[b] is not None: remove b from cached[block_hash[b]],",
-            "     delete that entry once empty, set block_hash[b] = None",
-            "  4. ref_cnt[b] = 1; return the blocks taken",
-            "free(block_ids):",
-            "  1. for each b: ref_cnt[b] -= 1; at 0, if hashed: free_queue[b] = None (the back)",
-            "  2. the plain ones reaching 0, collected: each to the front in reverse order",
-            "     (free_queue[b] = None, then move_to_end(b, last=False)): the first freed is",
-            "     first. Do not reverse block_ids: callers pass them last first already.",
-            "cache(block_id, block_hash):",
-            "  1. if block_hash[block_id] is not None: return (it keeps its hash)",
-            "  2. cached.setdefault(block_hash, []).append(block_id)",
-            "  3. block_hash[block_id] = block_hash",
-            "take_cached(block_id):",
-            "  1. if ref_cnt[block_id] == 0: del free_queue[block_id]",
-            "  2. ref_cnt[block_id] += 1",
-            "match_prefix(block_size, token_ids):",
-            "  1. parent = ROOT_HASH; blocks, hashes = [], []",
-            "  2. for start in range(0, len(token_ids) - block_size, block_size):",
-            "     (the range stops before the block of the last token)",
-            "  3.   parent = hash_block_tokens(parent, token_ids[start:start + block_size])",
-            "  4.   if parent not in cached: stop",
-            "  5.   keep cached[parent][0] in blocks and parent in hashes",
-            "  6. return blocks, hashes; change nothing (the manager calls take_cached)",
-        )
-    ),
+    """What each method changes:
+- allocate: blocks from the front; a hashed one is evicted (loses its hash);
+  ref_cnt 1 each
+- free: ref_cnt - 1; at 0 a plain block to the front (the first freed first),
+  a hashed one to the back
+- cache: only a block with no hash yet, at the end of cached[hash]
+- take_cached: out of free_queue if it is free, then ref_cnt + 1
+- match_prefix: the prompt in blocks of its block_size argument (not the
+  notebook's BLOCK_SIZE), each hash chained to the one before, from ROOT_HASH""",
+    """allocate(num):
+  1. if num > len(free_queue): raise CacheFullError (nothing changed yet)
+  2. num times: b = free_queue.popitem(last=False)[0]
+  3. if block_hash[b] is not None: remove b from cached[block_hash[b]],
+     delete that entry once empty, set block_hash[b] = None
+  4. ref_cnt[b] = 1; return the blocks taken
+free(block_ids):
+  1. for each b: ref_cnt[b] -= 1; at 0, if hashed: free_queue[b] = None (the back)
+  2. the plain ones reaching 0, collected: each to the front in reverse order
+     (free_queue[b] = None, then move_to_end(b, last=False)): the first freed is
+     first. Do not reverse block_ids: callers pass them last first already.
+cache(block_id, block_hash):
+  1. if block_hash[block_id] is not None: return (it keeps its hash)
+  2. cached.setdefault(block_hash, []).append(block_id)
+  3. block_hash[block_id] = block_hash
+take_cached(block_id):
+  1. if ref_cnt[block_id] == 0: del free_queue[block_id]
+  2. ref_cnt[block_id] += 1
+match_prefix(block_size, token_ids):
+  1. parent = ROOT_HASH; blocks, hashes = [], []
+  2. for start in range(0, len(token_ids) - block_size, block_size):
+     (the range stops before the block of the last token)
+  3.   parent = hash_block_tokens(parent, token_ids[start:start + block_size])
+  4.   if parent not in cached: stop
+  5.   keep cached[parent][0] in blocks and parent in hashes
+  6. return blocks, hashes; change nothing (the manager calls take_cached)""",
 )
 
 WRITTEN_CALLS = (

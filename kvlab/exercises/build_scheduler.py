@@ -3,24 +3,19 @@
 The learner subclasses ``StepScheduler`` (``kvlab.exercises.step_scheduler``) and writes
 the three methods of one step:
 
-    schedule_running(out, budget) -> budget   running requests first, oldest first: each
-                                              gets its next tokens (a decode: 1; a prompt:
-                                              as much as the budget allows, a chunk);
-                                              when a request finds no block, preempt the
-                                              newest running one and try again
-    preempt(victim, out)                      recompute: free its blocks, forget its
-                                              progress, back to the head of the queue
-    admit_waiting(out, budget)                waiting requests in queue order while a seat
-                                              (max_num_seqs) and budget are left and
-                                              kv_admit finds them room; stop at the first
-                                              that does not fit
+    schedule_running(out, budget) -> budget
+        running requests first, oldest first: each gets its next tokens (a decode: 1; a
+        prompt: as much as the budget allows, a chunk); when a request finds no block,
+        preempt the newest running one and try again
+    preempt(victim, out)
+        recompute: free its blocks, forget its progress, back to the head of the queue
+    admit_waiting(out, budget)
+        waiting requests in queue order while a seat (max_num_seqs) and budget are left
+        and kv_admit finds them room; stop at the first that does not fit
 
-``check_scheduler(MyScheduler)`` grades it criterion by criterion. Seeded random traces run
-through the engine with the model-free runner, the learner's scheduler beside kvlab's; the
-learner's plan of every step is checked against the rules of a plan and against kvlab's,
-and the first failure is shrunk to the fewest requests that still show it, with the
-misconception it most often means. When every criterion holds, SmolLM2 serves chat
-requests in a pool small enough that prompts are chunked and requests preempted, with the
+``check_scheduler(MyScheduler)`` grades it (``grading.BuildIt``): seeded random traces
+through the model-free engine, the learner's plan of every step checked beside kvlab's
+(``scheduler_grader``); then SmolLM2 serves chat requests, chunked and preempted, with the
 learner's scheduler planning every step, and the tokens must equal kvlab's own run.
 
     hint_scheduler(1), (2), (3)   help in steps, from a nudge to the algorithm
@@ -50,16 +45,6 @@ from kvlab.exercises.grading import (
     plural,
 )
 from kvlab.exercises.step_scheduler import StepScheduler
-
-__all__ = [
-    "CRITERIA",
-    "SCHEDULER",
-    "StepScheduler",
-    "check_generation",
-    "check_scheduler",
-    "hint_scheduler",
-    "reveal_scheduler",
-]
 
 CRITERIA = {
     "written": "schedule_running, preempt and admit_waiting run (none raises NotImplementedError)",
@@ -109,11 +94,9 @@ def check_written(scheduler_class) -> Verdict:
     """The first criterion: a ``StepScheduler`` subclass whose three methods each run once,
     on a fresh scheduler with one request waiting (admit) or decoding (the other two)."""
     if not (isinstance(scheduler_class, type) and issubclass(scheduler_class, StepScheduler)):
+        why = "write class MyScheduler(StepScheduler): with the three methods"
         return Verdict(
-            "written",
-            False,
-            f"{scheduler_class!r} is not a StepScheduler subclass",
-            "write class MyScheduler(StepScheduler): with the three methods",
+            "written", False, f"{scheduler_class!r} is not a StepScheduler subclass", why
         )
     calls = (
         ("schedule_running", False, lambda s, r: s.schedule_running(SchedulerOutput(), 8)),
@@ -131,12 +114,8 @@ def check_written(scheduler_class) -> Verdict:
         except NotImplementedError:
             return Verdict("written", False, f"{method}() is not written yet")
         except Exception as error:  # noqa: BLE001
-            return Verdict(
-                "written",
-                False,
-                f"{method}() raised {type(error).__name__}: {error} (one request {where}, "
-                "the pool has room)",
-            )
+            detail = f"{method}() raised {type(error).__name__}: {error}"
+            return Verdict("written", False, f"{detail} (one request {where}, the pool has room)")
     return Verdict("written", True)
 
 
@@ -191,12 +170,9 @@ def check_generation(scheduler_class, model=None, prompts=None) -> Verdict:
         return engine_stopped(error)
     (mine, engine), (theirs, _) = runs["yours"], runs["kvlab"]
     why = "a preempted request must compute its prompt and outputs again from the start"
-    return different_requests(mine, theirs, why) or Verdict(
-        "generation",
-        True,
-        f"{len(prompts)} requests, {plural(engine.metrics.num_preemptions, 'preemption')}, "
-        "every token as with kvlab's Scheduler",
-    )
+    preemptions = plural(engine.metrics.num_preemptions, "preemption")
+    detail = f"{len(prompts)} requests, {preemptions}, every token as with kvlab's Scheduler"
+    return different_requests(mine, theirs, why) or Verdict("generation", True, detail)
 
 
 SCHEDULER = BuildIt(

@@ -2,12 +2,9 @@
 read it.
 
 Every build-it exercise (``build_arena``, ``build_block_manager``, ``build_scheduler``,
-``build_kernel``, ``build_prefix_cache``) is a ``BuildIt``: its criteria, its hints, the
-kvlab code its reveal shows, its first criterion (every method runs), the ``Search`` for the
-shortest case that breaks each later criterion, and how ``replay_failure`` draws such a
-case (``Replay``). ``BuildIt.check`` grades the learner's code criterion by criterion, in
-order, and stops at the first failure: later criteria assume the earlier ones hold. A
-``Report`` prints as
+``build_kernel``, ``build_prefix_cache``) is a ``BuildIt``. ``BuildIt.check`` grades the
+learner's code criterion by criterion, in order, and stops at the first failure: later
+criteria assume the earlier ones hold. A ``Report`` prints as
 
     3 of 7 criteria hold
       [x] ... a criterion that held
@@ -38,34 +35,21 @@ from kvlab.cache.base import BlockInfo
 
 @dataclass(frozen=True)
 class Verdict:
-    """One criterion's result.
+    """One criterion's result."""
 
-    Attributes:
-        criterion: a key of the exercise's criteria.
-        passed: whether it held.
-        detail: what went wrong (the shortest operations that show it), or "".
-        misconception: what such a failure most often means, or "".
-    """
-
-    criterion: str
+    criterion: str  # a key of the exercise's criteria
     passed: bool
-    detail: str = ""
-    misconception: str = ""
+    detail: str = ""  # what went wrong (the shortest operations that show it), or ""
+    misconception: str = ""  # what such a failure most often means, or ""
 
 
 @dataclass(frozen=True)
 class Report:
-    """Every criterion's verdict, in order; shows as a checklist in a notebook.
+    """Every criterion's verdict, in order; shows as a checklist in a notebook."""
 
-    Attributes:
-        verdicts: the criteria checked so far.
-        criteria: every criterion of the exercise, ``key -> what it asks``.
-        stuck: the line printed under a failed report: where the hints are.
-    """
-
-    verdicts: list[Verdict]
-    criteria: dict[str, str]
-    stuck: str
+    verdicts: list[Verdict]  # the criteria checked so far
+    criteria: dict[str, str]  # every criterion of the exercise, key -> what it asks
+    stuck: str  # the line printed under a failed report: where the hints are
 
     @property
     def score(self) -> int:
@@ -95,23 +79,14 @@ class Report:
 
 @dataclass(frozen=True)
 class Search:
-    """How a build-it's grader finds the shortest case that breaks each criterion.
+    """How a build-it's grader finds the shortest case that breaks each criterion."""
 
-    Attributes:
-        first_difference: ``(learner, case) -> (criterion, detail, misconception) | None``.
-        candidates: ``case -> smaller cases``, tried in order while one still fails.
-        random_case: a seeded, valid random case (a list of operations or requests).
-        show_op: one operation in words; ``show_case`` joins them, unless given.
-        show_case: a whole case in words, where its operations do not read alone.
-        probes: fixed cases the random ones rarely reach, ``learner -> failure | None``.
-    """
-
-    first_difference: Callable
-    candidates: Callable[[list], Iterable[list]]
-    random_case: Callable[[random.Random], list]
-    show_op: Callable | None = None
-    show_case: Callable[[list], str] | None = None
-    probes: tuple = ()
+    first_difference: Callable  # (learner, case) -> (criterion, detail, misconception) | None
+    candidates: Callable[[list], Iterable[list]]  # smaller cases, tried in order
+    random_case: Callable[[random.Random], list]  # a seeded, valid case (operations, requests)
+    show_op: Callable | None = None  # one operation in words; show_case joins them, unless given
+    show_case: Callable[[list], str] | None = None  # a whole case, where ops do not read alone
+    probes: tuple = ()  # fixed cases the random ones rarely reach: learner -> failure | None
 
     def shrink(self, make, case: list, criterion: str) -> list:
         """The smallest version of ``case`` that still breaks ``criterion``."""
@@ -154,45 +129,26 @@ class Search:
 
 @dataclass(frozen=True)
 class Replay:
-    """How ``kvlab.widgets.failure_replay`` runs a failing case on the learner's state.
+    """How ``kvlab.widgets.failure_replay`` runs a failing case on the learner's state."""
 
-    Attributes:
-        asks: the method that tells a learner's class for this build-it.
-        title: the page map's title.
-        new_state: ``learner class -> state`` the calls run on.
-        run: ``(state, op) -> None``, one call on the learner's code.
-        pool: ``state -> (block infos, usage, block_size)``, as the page map draws it.
-    """
-
-    asks: str
-    title: str
-    new_state: Callable
-    run: Callable
-    pool: Callable
+    asks: str  # the method that tells a learner's class for this build-it
+    title: str  # the page map's title
+    new_state: Callable  # learner class -> the state the calls run on
+    run: Callable  # (state, op) -> None: one call on the learner's code
+    pool: Callable  # state -> (block infos, usage, block_size), as the page map draws it
 
 
 @dataclass(frozen=True)
 class BuildIt:
-    """One build-it exercise, as the generic check, hint, reveal and replay read it.
+    """One build-it exercise, as the generic check, hint, reveal and replay read it."""
 
-    Attributes:
-        criteria: ``key -> what it asks``, in order: "written" first, "generation" last.
-        hints: from a nudge to the whole algorithm in numbered steps.
-        stuck: the line under a failed report: where the hints are.
-        written: ``learner -> Verdict``, the first criterion: every method runs.
-        search: finds the cases that break the criteria between the first and the last
-            (anything with ``Search.failures``).
-        reveal_sources: ``() -> kvlab objects`` whose source the reveal shows.
-        replay: how a failing case is drawn, or None.
-    """
-
-    criteria: dict[str, str]
-    hints: tuple[str, ...]
-    stuck: str
-    written: Callable
-    search: object
-    reveal_sources: Callable[[], tuple]
-    replay: Replay | None = None
+    criteria: dict[str, str]  # key -> what it asks, in order: "written" first, "generation" last
+    hints: tuple[str, ...]  # from a nudge to the whole algorithm in numbered steps
+    stuck: str  # the line under a failed report: where the hints are
+    written: Callable  # learner -> Verdict, the first criterion: every method runs
+    search: object  # the cases that break the criteria between (``Search.failures``)
+    reveal_sources: Callable[[], tuple]  # () -> the kvlab objects whose source reveal shows
+    replay: Replay | None = None  # how a failing case is drawn
 
     def check(
         self, learner, generation: Callable[[], Verdict], num_cases: int = 0, seed: int = 0
@@ -215,11 +171,8 @@ class BuildIt:
         return Report(verdicts, self.criteria, self.stuck)
 
     def hint(self, level: int = 1) -> Hint:
-        """Hint ``level``: 1 is a nudge, the last the whole algorithm in steps.
-
-        Raises:
-            ValueError: a level outside 1..len(hints).
-        """
+        """Hint ``level``, 1 (a nudge) to len(hints) (the whole algorithm in steps); any
+        other level raises ValueError."""
         last = len(self.hints)
         if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= last:
             raise ValueError(f"level={level!r} is not allowed: use 1 to {last}")
@@ -276,22 +229,19 @@ def one_torch_thread():
         torch.set_num_threads(threads)
 
 
-def different_requests(yours: list, kvlab: list, why: str) -> Verdict | None:
-    """The failed generation verdict when some requests' tokens are not kvlab's, or None."""
+def different_requests(
+    yours: list, kvlab: list, why: str, what: str = "requests {} came out different from kvlab's"
+) -> Verdict | None:
+    """The failed generation verdict when some requests' tokens are not kvlab's, or None;
+    ``what`` says so, the requests' indices in its ``{}``."""
     bad = [i for i, (a, b) in enumerate(zip(yours, kvlab, strict=True)) if a != b]
-    if not bad:
-        return None
-    return Verdict("generation", False, f"requests {bad} came out different from kvlab's", why)
+    return Verdict("generation", False, what.format(bad), why) if bad else None
 
 
 def engine_stopped(error: Exception) -> Verdict:
     """The generation verdict when the learner's code inside the engine raised."""
-    return Verdict(
-        "generation",
-        False,
-        f"the engine stopped: {type(error).__name__}: {error}",
-        "a method returned something the engine could not use",
-    )
+    why = "a method returned something the engine could not use"
+    return Verdict("generation", False, f"the engine stopped: {type(error).__name__}: {error}", why)
 
 
 def check_calls(
@@ -300,17 +250,11 @@ def check_calls(
     noun: str,
     why_after: Callable[[object, str, tuple], str] | None = None,
 ) -> Verdict:
-    """The first criterion of the build-its whose learner writes a class: every method runs
-    on a fresh object. A call that raises is shown after the calls that came before it (the
-    bug may be in one of those).
-
-    Args:
-        make: builds the fresh object (the learner's ``__init__``).
-        calls: ``(method, args)`` in order.
-        noun: what ``make`` builds, for the message ("arena", "manager", ...).
-        why_after: reads the object after each call that ran and returns a misconception
-            to name if a later call raises ("" for none).
-    """
+    """The first criterion of the build-its whose learner writes a class: every method of
+    ``calls`` (``(method, args)``, in order) runs on a fresh object that ``make`` builds (a
+    ``noun``, in the message). A call that raises is shown after the calls before it (the
+    bug may be in one of those); ``why_after(obj, method, args)``, read after each call that
+    ran, names a misconception for a later call that raises ("" for none)."""
     try:
         obj = make()
     except Exception as error:  # noqa: BLE001 - any error of the learner's code is a verdict

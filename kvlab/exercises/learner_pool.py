@@ -1,11 +1,6 @@
-"""A learner's block pool behind the interface ``BlockManager`` reads (lab 06's build-it).
-
-``LearnerPool`` forwards every change to the learner's methods and answers every question
-from the learner's state, unchecked: a wrong answer misleads the manager exactly as a
-wrong ``BlockPool`` would. ``call`` runs one learner method and tells a ``CacheFullError``
-(allowed) from any other error (a bug in that method); ``call_learner`` returns the
-``CacheFullError``, a refusal to compare with kvlab's (the arena's and block manager's
-graders).
+"""A learner's block pool behind the interface ``BlockManager`` reads (lab 06's build-it),
+and ``call`` / ``call_learner``, which tell a learner method's ``CacheFullError`` (allowed)
+from any other error (a bug in that method).
 
 Not handled: a pool without the stub's four attributes (``ref_cnt``, ``block_hash``,
 ``free_queue``, ``cached``: ``block_hash -> [block_id, ...]``, the copies of a hash in the
@@ -47,16 +42,14 @@ def call_learner(name: str, method, *args):
 
 
 class LearnerPool:
-    """The interface ``BlockManager`` reads from its pool, over a learner's pool.
+    """The interface ``BlockManager`` reads from its pool, over a learner's pool: every
+    change goes to the learner's methods; every question is answered from the learner's
+    state, unchecked, so a wrong answer misleads the manager exactly as a wrong
+    ``BlockPool`` would. ``share`` (a fork adds a holder) is kvlab's.
 
-    Every change goes to the learner's methods; every question is answered from the
-    learner's state (``ref_cnt``, ``block_hash``, ``free_queue``, ``cached``), unchecked.
-    ``share`` (a fork adds a holder) is kvlab's: the exercise is the prefix cache.
-
-    Attributes:
-        refused: ``(num, free blocks)`` of an ``allocate(num)`` the learner refused with
-            CacheFullError although that many blocks were free, or None. The manager
-            passes the refusal on as "the cache is full", so the grader reads it here.
+    ``refused`` is ``(num, free blocks)`` of an ``allocate(num)`` the learner refused with
+    CacheFullError although that many blocks were free, or None: the manager passes the
+    refusal on as "the cache is full", so the grader reads it here.
     """
 
     def __init__(self, learner) -> None:

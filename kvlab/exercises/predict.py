@@ -26,19 +26,12 @@ CLOSE = 0.10  # a numeric guess within 10% of the measurement counts as right
 
 @dataclass(frozen=True)
 class Reveal:
-    """A prediction beside its measurement; shows as a few lines in a notebook.
+    """A prediction beside its measurement; shows as a few lines in a notebook."""
 
-    Attributes:
-        prediction: the learner's guess (a number or a choice), or None.
-        measured: what the experiment gave.
-        unit: of both numbers (e.g. "requests", "ms"), or "".
-        why: what explains the measurement, in a sentence or two.
-    """
-
-    prediction: float | str | None
-    measured: float | str
-    unit: str = ""
-    why: str = ""
+    prediction: float | str | None  # the learner's guess (a number or a choice), or None
+    measured: float | str  # what the experiment gave
+    unit: str = ""  # of both numbers (e.g. "requests", "ms"), or ""
+    why: str = ""  # what explains the measurement, in a sentence or two
 
     @property
     def right(self) -> bool | None:

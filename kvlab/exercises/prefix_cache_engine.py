@@ -59,16 +59,8 @@ def check_generation(pool_class, model=None, tokenizer=None) -> Verdict:
         return failure
     hits = {name: e.scheduler.num_prompt_tokens_hit for name, e in engines.items()}
     if hits["yours"] != hits["kvlab"]:
-        return Verdict(
-            "generation",
-            False,
-            f"your pool served {hits['yours']} prompt tokens "
-            f"from the cache, kvlab's {hits['kvlab']}",
-            "match_prefix and cache must find what kvlab's find",
-        )
-    return Verdict(
-        "generation",
-        True,
-        f"{len(prompts)} requests, the same K/V and tokens as "
-        f"kvlab's, {hits['kvlab']} prompt tokens served from your cache",
-    )
+        detail = f"your pool served {hits['yours']} prompt tokens from the cache, kvlab's"
+        why = "match_prefix and cache must find what kvlab's find"
+        return Verdict("generation", False, f"{detail} {hits['kvlab']}", why)
+    detail = f"{len(prompts)} requests, the same K/V and tokens as kvlab's, {hits['kvlab']}"
+    return Verdict("generation", True, f"{detail} prompt tokens served from your cache")

@@ -1,5 +1,6 @@
 """The grading engine of lab 06's build-it prefix cache: the learner's block pool inside one
-``BlockManager``, kvlab's ``BlockPool`` inside another, the same requests through both.
+``BlockManager`` (through ``LearnerPool``), kvlab's ``BlockPool`` inside another, the same
+requests through both.
 
     first_difference(make, ops)   the first criterion a sequence of requests breaks, what
                                   happened, and the misconception that the failing
@@ -8,28 +9,20 @@
                                   are hit, freed, kept cached and evicted)
     candidates(ops)               smaller sequences, to shrink a failure with
     managers, apply_op, view      a sequence replayed on the learner's pool
-    PROBES                        fixed cases the random requests rarely reach: a prompt
-                                  whose first block was evicted, several plain blocks freed
-                                  at once, a block hashed twice, an exact fit, a refusal
+    PROBES                        fixed cases the random requests rarely reach
 
-A misconception is named only when the learner's answer is the one a known mistake gives:
-a prefix match is compared with kvlab's walk done wrong in each known way (hashes not
-chained, past a miss, the last copy of a hash) and tried at other block sizes (a global
-block size); a free queue, ``ref_cnt`` or ``cached`` that differs is read against what
-the operation freed, adopted and took.
+The policy is fixed (vLLM 0.32.0's, ``kvlab.cache.block_pool``), so the pools must agree
+exactly, block ids too. A misconception is named only when the learner's answer is the one
+a known mistake gives: a prefix match is compared with kvlab's walk done wrong in each known
+way and tried at other block sizes; a free queue, ``ref_cnt`` or ``cached`` that differs
+is read against what the operation freed, adopted and took.
 
-The pools must agree exactly (the policy is fixed, so the block ids are too): after every
-operation the ``ref_cnt`` of every block, the free queue's order (plain blocks first, the
-blocks of one free in their order; then cached blocks, least recently used first: vLLM
-0.32.0's rule, ``kvlab.cache.block_pool``), which blocks carry which ``block_hash`` (a
-hash may have several copies, in the order they were hashed; a hash with none left is
-gone from ``cached``), and how many prompt tokens each new request finds cached.
-``LearnerPool`` puts the learner's pool behind the interface the manager reads
-(``kvlab.exercises.learner_pool``). Not handled: hash collisions, partial-block hits.
+Not handled: hash collisions, partial-block hits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from collections.abc import Callable
@@ -47,26 +40,49 @@ BLOCK_SIZE = 2
 PREFIXES = ((1, 2, 3, 4, 5, 1), (1, 2, 4, 3), (5, 5, 1, 2, 3))
 PROBE_SIZES = (2, 4, 8, 16, 32)  # block sizes a match is tried at (lab 06's BLOCK_SIZE is 16)
 Op = tuple  # ("add", seq_id, prompt), ("grow", seq_id, token) or ("free", seq_id)
-EMPTY_HASH = (
-    "allocate evicts: when it takes the last block of a hash, the hash leaves cached too "
-    "(del cached[h]); an empty list left there makes match_prefix find a hash with no block"
-)
-EVICTS = (
-    "allocate evicts: a cached block it hands out loses its hash (from cached and "
-    "block_hash; a hash with no block left leaves cached)"
-)
-EXACT_FIT = (
-    "refuse only when fewer than num blocks are free (num > len(free_queue)): exactly num "
-    "free blocks are enough"
-)
-COPIES_IN_ORDER = (
-    "cache appends a new copy at the end of cached[hash]: a hash's blocks stay in the order "
-    "they were hashed, and match_prefix takes cached[hash][0], the oldest"
-)
-LAST_TOKEN = (
-    "stop one token short: the block holding the prompt's last token is always computed, "
-    "because its logits pick the first output token"
-)
+MISCONCEPTIONS = {
+    "empty_hash": "allocate evicts: when it takes the last block of a hash, the hash leaves "
+    "cached too (del cached[h]); an empty list left there makes match_prefix find a hash "
+    "with no block",
+    "evicts": "allocate evicts: a cached block it hands out loses its hash (from cached and "
+    "block_hash; a hash with no block left leaves cached)",
+    "exact_fit": "refuse only when fewer than num blocks are free (num > len(free_queue)): "
+    "exactly num free blocks are enough",
+    "copies_in_order": "cache appends a new copy at the end of cached[hash]: a hash's blocks "
+    "stay in the order they were hashed, and match_prefix takes cached[hash][0], the oldest",
+    "last_token": "stop one token short: the block holding the prompt's last token is always "
+    "computed, because its logits pick the first output token",
+    "gap": "stop at the first block the cache lacks: a prefix has no gaps",
+    "hit_dequeues": "a prefix hit on a free block takes it out of free_queue (it is held again)",
+    "allocate_dequeues": "allocate takes the blocks it hands out from the front of free_queue",
+    "free_at_zero": "free takes one holder away (ref_cnt - 1); a block goes back to free_queue "
+    "when its ref_cnt reaches 0, not while another sequence still holds it",
+    "plain_front": "free puts a block without a hash at the front of free_queue, so it is "
+    "reused first (the blocks of one call in their order); only a hashed block goes to the "
+    "back",
+    "hashed_back": "free puts a block with a hash at the back of free_queue: cached blocks are "
+    "evicted least recently used first, after every plain block",
+    "plain_order": "plain blocks freed together go to the front in the order they were "
+    "freed: the first freed is reused first",
+    "hit_adds": "a prefix hit adds a holder: take_cached does ref_cnt + 1, also on a block "
+    "another sequence holds",
+    "hit_adds_once": "a prefix hit adds one holder: take_cached does ref_cnt + 1 once, and "
+    "match_prefix changes nothing",
+    "allocate_holds": "allocate sets ref_cnt 1 on each block it hands out",
+    "free_drops": "free takes one holder from each block it is given: ref_cnt - 1",
+    "copies_hashed": "a block whose hash another block already has is hashed too, after it in "
+    "cached[hash]: each sequence keeps the blocks it computed, and a lookup still finds a "
+    "copy when the first is evicted",
+    "free_keeps_hash": "free keeps a block's hash: a free, cached block still serves hits "
+    "until allocate hands it out again",
+    "both_maps": "cache sets block_hash[block_id] as well as cached[block_hash]",
+    "rehash": "cache leaves a block that already has a hash as it is (check "
+    "block_hash[block_id] first): listed twice, it stays in cached[hash] after allocate "
+    "evicts it",
+    "check_first": "check that enough blocks are free first, then take them",
+    "raise_full": "too few free blocks raises CacheFullError (imported in cell 1), no other error",
+    "refuse": "raise CacheFullError when fewer than num blocks are free",
+}
 # (a mistaken walk, as _walk's arguments; what it means), tried in order
 MATCH_MISTAKES = (
     (
@@ -75,20 +91,16 @@ MATCH_MISTAKES = (
         "its tokens), from ROOT_HASH, so it stands for the whole prefix: equal tokens after a "
         "different prefix are a different block",
     ),
-    ({"past_a_miss": True}, "stop at the first block the cache lacks: a prefix has no gaps"),
+    ({"past_a_miss": True}, MISCONCEPTIONS["gap"]),
     (
         {"copy_at": -1},
         "a hash with several cached copies: take the first one cached, cached[hash][0], the "
         "copy kvlab's lookup finds",
     ),
 )
-_CRITERION_OF = {
-    "allocate": "ref_cnt",
-    "free": "ref_cnt",
-    "take_cached": "ref_cnt",
-    "cache": "cache",
-    "match_prefix": "match_prefix",
-}
+# The criterion a learner's method stands for when it raises (allocate, free, take_cached:
+# ref_cnt).
+_CRITERION_OF = {"cache": "cache", "match_prefix": "match_prefix"}
 
 
 def managers(make: Callable) -> tuple[BlockManager, BlockManager]:
@@ -123,9 +135,7 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
         try:
             got = apply_op(mine, op)
         except LearnerError as error:
-            if _empty_hashes(mine.pool.learner):
-                return "cache", f"{where}: {error}", EMPTY_HASH
-            return _CRITERION_OF[error.method], f"{where}: {error}", ""
+            return _raised(error, mine.pool.learner, where)
         except Exception as error:  # noqa: BLE001 - kvlab's manager, fed the learner's answers
             criterion = "match_prefix" if op[0] == "add" else "ref_cnt"
             detail = f"{where}: the block manager failed on what your pool returned: {error}"
@@ -133,7 +143,7 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
         if mine.pool.refused is not None:
             num, num_free = mine.pool.refused
             detail = f"{where}: allocate({num}) raised CacheFullError with {num_free} blocks free"
-            return "refuses", detail, EXACT_FIT
+            return "refuses", detail, MISCONCEPTIONS["exact_fit"]
         expected = apply_op(ref, op)
         if op[0] == "add" and expected is None:
             where += " (it did not fit: the blocks it took were freed again)"
@@ -152,16 +162,22 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
     return None
 
 
+def _raised(error: LearnerError, pool, where: str) -> tuple[str, str, str]:
+    """The verdict on a learner's method that raised: the criterion of the method, unless
+    an eviction left an empty list in ``cached`` (later calls trip over it)."""
+    if _empty_hashes(pool):
+        return "cache", f"{where}: {error}", MISCONCEPTIONS["empty_hash"]
+    return _CRITERION_OF.get(error.method, "ref_cnt"), f"{where}: {error}", ""
+
+
 def apply_op(manager: BlockManager, op: Op):
     """Run ``op``; for an "add", the prompt tokens found cached (None if it did not fit)."""
     if op[0] == "free":
         manager.free(op[1])
         return None
     if op[0] == "grow":
-        try:
+        with contextlib.suppress(CacheFullError):
             manager.allocate_slots(op[1], 1, [op[2]])
-        except CacheFullError:
-            pass
         return None
     _, seq_id, prompt = op
     computed = manager.add_sequence(seq_id, list(prompt))
@@ -176,11 +192,8 @@ def apply_op(manager: BlockManager, op: Op):
 def _compare(mine, ref, got, expected, why, step: Step):
     """The first criterion on which the two managers disagree after ``step``, or None."""
     if got != expected:
-        return (
-            "match_prefix",
-            f"{step.where}: found {got} prompt tokens cached, kvlab {expected}",
-            why,
-        )
+        detail = f"{step.where}: found {got} prompt tokens cached, kvlab {expected}"
+        return "match_prefix", detail, why
     if step.adopted and mine.block_table(step.op[1])[: len(step.adopted)] != step.adopted:
         found = mine.block_table(step.op[1])[: len(step.adopted)]
         return "match_prefix", f"{step.where}: adopted blocks {found}, kvlab {step.adopted}", why
@@ -208,7 +221,7 @@ def _wrong_match(make: Callable, mine, ref, prompt) -> str:
     if blocks == _walk(ref.pool, BLOCK_SIZE, ids):
         return ""
     if len(blocks) * BLOCK_SIZE >= len(ids):
-        return LAST_TOKEN
+        return MISCONCEPTIONS["last_token"]
     for mistake, message in MATCH_MISTAKES:
         if blocks == _walk(ref.pool, BLOCK_SIZE, ids, **mistake):
             return message
@@ -279,28 +292,17 @@ def _wrong_queue(pool, ref_pool: BlockPool, step: Step) -> str:
     mine, theirs = list(pool.free_queue), ref_pool.free_block_ids()
     extra, missing = set(mine) - set(theirs), set(theirs) - set(mine)
     if extra & set(step.adopted):
-        return "a prefix hit on a free block takes it out of free_queue (it is held again)"
+        return MISCONCEPTIONS["hit_dequeues"]
     if extra & set(step.taken):
-        return "allocate takes the blocks it hands out from the front of free_queue"
+        return MISCONCEPTIONS["allocate_dequeues"]
     if any(pool.ref_cnt[b] == 0 < ref_pool.ref_cnt[b] for b in extra):
-        return (
-            "free takes one holder away (ref_cnt - 1); a block goes back to free_queue when "
-            "its ref_cnt reaches 0, not while another sequence still holds it"
-        )
+        return MISCONCEPTIONS["free_at_zero"]
     if extra or missing:
         return ""
     for block in step.freed:
         if block in theirs and mine.index(block) != theirs.index(block):
-            if ref_pool.block_hash[block] is None:
-                return (
-                    "free puts a block without a hash at the front of free_queue, so it is "
-                    "reused first (the blocks of one call in their order); only a hashed "
-                    "block goes to the back"
-                )
-            return (
-                "free puts a block with a hash at the back of free_queue: cached blocks are "
-                "evicted least recently used first, after every plain block"
-            )
+            plain = ref_pool.block_hash[block] is None
+            return MISCONCEPTIONS["plain_front" if plain else "hashed_back"]
     return ""
 
 
@@ -311,17 +313,11 @@ def _ref_cnt_failure(pool, ref_pool: BlockPool, step: Step):
     mine, theirs = pool.ref_cnt[b], ref_pool.ref_cnt[b]
     detail = f"after {step.where}: block {b} has ref_cnt {mine}, expected {theirs}"
     if b in step.adopted:
-        why = (
-            "a prefix hit adds a holder: take_cached does ref_cnt + 1, also on a block "
-            "another sequence holds"
-            if mine < theirs
-            else "a prefix hit adds one holder: take_cached does ref_cnt + 1 once, and "
-            "match_prefix changes nothing"
-        )
+        why = MISCONCEPTIONS["hit_adds" if mine < theirs else "hit_adds_once"]
     elif b in step.taken:
-        why = "allocate sets ref_cnt 1 on each block it hands out"
+        why = MISCONCEPTIONS["allocate_holds"]
     elif b in step.freed:
-        why = "free takes one holder from each block it is given: ref_cnt - 1"
+        why = MISCONCEPTIONS["free_drops"]
     else:
         why = ""
     return "ref_cnt", detail, why
@@ -331,7 +327,7 @@ def _cache_failure(pool, ref_pool: BlockPool, step: Step):
     empty = _empty_hashes(pool)
     if empty:
         detail = f"after {step.where}: cached[{empty[0]}] is an empty list, its last block reused"
-        return "cache", detail, EMPTY_HASH
+        return "cache", detail, MISCONCEPTIONS["empty_hash"]
     mine = {h: list(blocks) for h, blocks in pool.cached.items() if blocks}
     theirs = _cached(ref_pool)
     if mine == theirs and list(pool.block_hash) == ref_pool.block_hash:
@@ -346,18 +342,18 @@ def _cache_failure(pool, ref_pool: BlockPool, step: Step):
                 f"after {step.where}: blocks {blocks} carry one hash; cached lists them "
                 f"{mine[h]}, expected {blocks}"
             )
-            return "cache", detail, COPIES_IN_ORDER
+            return "cache", detail, MISCONCEPTIONS["copies_in_order"]
     b = next((i for i, h in enumerate(ref_pool.block_hash) if pool.block_hash[i] != h), None)
     if b is None:
         return "cache", f"after {step.where}: cached lists a block under another hash", ""
     if pool.block_hash[b] is None:
         detail = f"after {step.where}: block_hash[{b}] is None, expected its hash (cached lists it)"
-        return "cache", detail, "cache sets block_hash[block_id] as well as cached[block_hash]"
+        return "cache", detail, MISCONCEPTIONS["both_maps"]
     detail = (
         f"after {step.where}: block_hash[{b}] is {pool.block_hash[b]}, "
         f"expected {ref_pool.block_hash[b]}"
     )
-    why = EVICTS if b in step.taken and ref_pool.block_hash[b] is None else ""
+    why = MISCONCEPTIONS["evicts"] if b in step.taken and ref_pool.block_hash[b] is None else ""
     return "cache", detail, why
 
 
@@ -367,18 +363,11 @@ def _wrong_cached_blocks(mine: dict[int, list[int]], ref_pool: BlockPool, step: 
     for block in their_ids - mine_ids:
         h = ref_pool.block_hash[block]
         if len(ref_pool.cached_blocks(h)) > 1 and mine.get(h):
-            return (
-                "a block whose hash another block already has is hashed too, after it in "
-                "cached[hash]: each sequence keeps the blocks it computed, and a lookup still "
-                "finds a copy when the first is evicted"
-            )
+            return MISCONCEPTIONS["copies_hashed"]
     if (their_ids - mine_ids) & set(step.freed):
-        return (
-            "free keeps a block's hash: a free, cached block still serves hits until "
-            "allocate hands it out again"
-        )
+        return MISCONCEPTIONS["free_keeps_hash"]
     if (mine_ids - their_ids) & set(step.taken):
-        return EVICTS
+        return MISCONCEPTIONS["evicts"]
     return ""
 
 
@@ -404,7 +393,7 @@ def check_refusal(make: Callable) -> tuple[str, str, str] | None:
         call("allocate", make(NUM_BLOCKS).allocate, NUM_BLOCKS)
     except CacheFullError:
         detail = f"allocate({NUM_BLOCKS}) on a fresh pool of {NUM_BLOCKS} raised CacheFullError"
-        return "refuses", detail, EXACT_FIT
+        return "refuses", detail, MISCONCEPTIONS["exact_fit"]
     except LearnerError as error:
         return "refuses", f"allocate({NUM_BLOCKS}) on a fresh pool of {NUM_BLOCKS}: {error}", ""
     pool = make(NUM_BLOCKS)
@@ -414,23 +403,13 @@ def check_refusal(make: Callable) -> tuple[str, str, str] | None:
     except CacheFullError:
         after = (pool.ref_cnt, pool.block_hash, list(pool.free_queue), pool.cached)
         if after != before:
-            return (
-                "refuses",
-                f"allocate({NUM_BLOCKS + 1}) raised CacheFullError after changing the pool",
-                "check that enough blocks are free first, then take them",
-            )
+            detail = f"allocate({NUM_BLOCKS + 1}) raised CacheFullError after changing the pool"
+            return "refuses", detail, MISCONCEPTIONS["check_first"]
         return None
     except LearnerError as error:
-        return (
-            "refuses",
-            str(error),
-            "too few free blocks raises CacheFullError (imported in cell 1), no other error",
-        )
-    return (
-        "refuses",
-        f"allocate({NUM_BLOCKS + 1}) on a pool of {NUM_BLOCKS} returned",
-        "raise CacheFullError when fewer than num blocks are free",
-    )
+        return "refuses", str(error), MISCONCEPTIONS["raise_full"]
+    detail = f"allocate({NUM_BLOCKS + 1}) on a pool of {NUM_BLOCKS} returned"
+    return "refuses", detail, MISCONCEPTIONS["refuse"]
 
 
 def check_rehash(make: Callable) -> tuple[str, str, str] | None:
@@ -447,13 +426,11 @@ def check_rehash(make: Callable) -> tuple[str, str, str] | None:
         return "cache", f"caching block 0 twice under one hash: {error}", ""
     if (list(pool.block_hash), pool.cached) == once:
         return None
-    return (
-        "cache",
+    detail = (
         f"on a pool of 4, allocate(1) returned [{block}]; cache({block}, h) made cached[h] "
-        f"{once[1].get(h)}, and a second cache({block}, h) made it {pool.cached.get(h)}",
-        "cache leaves a block that already has a hash as it is (check block_hash[block_id] "
-        "first): listed twice, it stays in cached[hash] after allocate evicts it",
+        f"{once[1].get(h)}, and a second cache({block}, h) made it {pool.cached.get(h)}"
     )
+    return "cache", detail, MISCONCEPTIONS["rehash"]
 
 
 def check_gap(make: Callable) -> tuple[str, str, str] | None:
@@ -475,18 +452,15 @@ def check_gap(make: Callable) -> tuple[str, str, str] | None:
         detail = (
             f"evicting a prompt's first block, allocate refused though enough were free: {error}"
         )
-        return "refuses", detail, EXACT_FIT
+        return "refuses", detail, MISCONCEPTIONS["exact_fit"]
     except LearnerError as error:
-        if _empty_hashes(pool):
-            return "cache", f"evicting a prompt's first block: {error}", EMPTY_HASH
-        return _CRITERION_OF[error.method], f"evicting a prompt's first block: {error}", ""
+        return _raised(error, pool, "evicting a prompt's first block")
     if list(blocks):
-        return (
-            "match_prefix",
+        detail = (
             f"after the first block of {tokens[:4]} was evicted, match_prefix"
-            f"(2, {tokens}) returned blocks {list(blocks)}",
-            "stop at the first block the cache lacks: a prefix has no gaps",
+            f"(2, {tokens}) returned blocks {list(blocks)}"
         )
+        return "match_prefix", detail, MISCONCEPTIONS["gap"]
     return None
 
 
@@ -500,17 +474,15 @@ def check_plain_order(make: Callable) -> tuple[str, str, str] | None:
         call("free", pool.free, blocks)
     except CacheFullError as error:
         return "refuses", f"allocate(3) on a pool of 4 free blocks raised {error!r}", ""
-    except LearnerError as error:
-        return _CRITERION_OF[error.method], f"freeing three plain blocks: {error}", ""
+    except LearnerError as error:  # no block has a hash: the method's own criterion
+        return _raised(error, pool, "freeing three plain blocks")
     expected = blocks + [b for b in range(4) if b not in blocks]
     if list(pool.free_queue) != expected:
-        return (
-            "lru",
+        detail = (
             f"on a pool of 4, allocate(3) returned {blocks}; after free({blocks}) "
-            f"free_queue is {list(pool.free_queue)}, expected {expected}",
-            "plain blocks freed together go to the front in the order they were freed: "
-            "the first freed is reused first",
+            f"free_queue is {list(pool.free_queue)}, expected {expected}"
         )
+        return "lru", detail, MISCONCEPTIONS["plain_order"]
     return None
 
 
@@ -547,9 +519,7 @@ def valid_ops(ops: list[Op]) -> list[Op]:
     """Drop operations on sequences that are not running (after shrinking removed them)."""
     ref, kept = BlockManager(NUM_BLOCKS, BLOCK_SIZE, True, pool=BlockPool(NUM_BLOCKS)), []
     for op in ops:
-        if op[0] != "add" and op[1] not in ref:
-            continue
-        if op[0] == "add" and op[1] in ref:
+        if (op[0] == "add") == (op[1] in ref):  # an add starts a sequence, the rest need one
             continue
         apply_op(ref, op)
         kept.append(op)

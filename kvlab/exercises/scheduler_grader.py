@@ -1,11 +1,6 @@
 """The grading engine of lab 04's build-it scheduler: the learner's scheduler and kvlab's
-serve the same small trace side by side, step by step, and a failure is shrunk to its core.
-
-    first_difference(make, trace)   the first criterion a trace breaks, what happened at
-                                    which step, and the misconception it most often means
-    random_trace(rng)               a seeded trace of a few requests, in arrival order
-    show_trace(trace)               the trace in words
-    candidates(trace)               smaller traces, to shrink a failure with
+serve the same small trace side by side, step by step. ``first_difference``,
+``random_trace``, ``candidates`` and ``show_trace`` are the build-it's ``Search``.
 
 Both schedulers run inside ``LLMEngine`` with the model-free runner
 (``kvlab.engine.model_free``) over a small paged pool, so every step is the engine's real
@@ -14,8 +9,7 @@ learner's plan is then checked, before the engine uses it, against the rules any
 must keep and then against kvlab's plan (``kvlab.exercises.scheduler_rules``). At the end
 every request must have all its tokens and the pool must be empty.
 
-``kvlab.exercises.build_scheduler`` describes the exercise with these. Not handled: swapping,
-priorities, static and dynamic batching, forks (``n > 1``).
+Not handled: swapping, priorities, static and dynamic batching, forks (``n > 1``).
 """
 
 from __future__ import annotations
@@ -118,10 +112,10 @@ def _learner_failure(error: Exception, now: float) -> Failure:
     method = methods[-1] if methods else "schedule_running"
     what = f"at t={now:g}: {method}() raised {type(error).__name__}: {error}"
     if isinstance(error, NotImplementedError):
-        return Failure(_CRITERION_OF[method], f"at t={now:g}: {method}() is not written yet", "")
+        return Failure(_CRITERION_OF[method], f"at t={now:g}: {method}() is not written yet")
     if isinstance(error, CacheFullError):
-        return Failure("preemption", what, MISCONCEPTIONS["uncaught"])
-    return Failure(_CRITERION_OF[method], what, MISCONCEPTIONS["raised"])
+        return Failure("preemption", what, "uncaught")
+    return Failure(_CRITERION_OF[method], what, "raised")
 
 
 def first_difference(make: Callable, trace: list[Request]) -> tuple[str, str, str] | None:

@@ -1,16 +1,7 @@
-"""The rules lab 04's grader holds a learner's plan to, step by step.
-
-    check_rules(scheduler, out, before, computed, where)
-                                         what any plan keeps: no request twice, at least
-                                         one token each, a preempted request freed, reset
-                                         and back at the head of the queue, a started one
-                                         RUNNING, num_computed_tokens left to the engine,
-                                         slots held for every token, the token budget,
-                                         max_num_seqs
-    compare(mine, ref, where)            the learner's plan against kvlab's: with first
-                                         come first served and preemption of the newest
-                                         running request, a step has one right plan
-    check_end(engine, num_steps)         every request finished and the pool empty
+"""The rules lab 04's grader holds a learner's plan to, step by step: ``check_rules``, what
+any plan keeps; ``compare``, the plan against kvlab's (with first come first served and
+preemption of the newest running request, a step has one right plan); ``check_end``, every
+request finished and the pool empty.
 
 A broken rule raises ``Failure(criterion, what happened, misconception)``; requests are
 named ``r<seq_id>`` in what happened. ``kvlab.exercises.scheduler_grader`` runs the
@@ -72,7 +63,11 @@ MISCONCEPTIONS = {
 
 
 class Failure(Exception):
-    """A criterion broke at this step: (criterion, detail, misconception)."""
+    """A criterion broke at this step; its ``args`` are (criterion, detail, misconception),
+    the misconception given by its key in ``MISCONCEPTIONS`` ("" for none)."""
+
+    def __init__(self, criterion: str, detail: str, mistake: str = "") -> None:
+        super().__init__(criterion, detail, MISCONCEPTIONS[mistake] if mistake else "")
 
 
 @dataclass
@@ -112,18 +107,11 @@ def check_rules(scheduler, out, before: dict[int, int], computed: dict[int, int]
     seq_ids = [r.seq_id for r in out.requests]
     if len(set(seq_ids)) != len(seq_ids):
         twice = next(s for s in seq_ids if seq_ids.count(s) > 1)
-        raise Failure(
-            "running_first",
-            f"{where}: {name(twice)} is in the step twice",
-            MISCONCEPTIONS["skipped"],
-        )
+        raise Failure("running_first", f"{where}: {name(twice)} is in the step twice", "skipped")
     for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
         if num_new < 1:
-            raise Failure(
-                "token_budget",
-                f"{where}: {name(request.seq_id)} is given {tokens(num_new)}",
-                MISCONCEPTIONS["zero"],
-            )
+            detail = f"{where}: {name(request.seq_id)} is given {tokens(num_new)}"
+            raise Failure("token_budget", detail, "zero")
     newest = list(before)[-len(out.preempted) :] if out.preempted else []
     for victim in out.preempted:
         _check_preempted(scheduler, out, victim, victim.seq_id in newest, where)
@@ -133,29 +121,24 @@ def check_rules(scheduler, out, before: dict[int, int], computed: dict[int, int]
         held = scheduler.kv.num_tokens(request.seq_id) if request.seq_id in scheduler.kv else 0
         if held != request.num_computed_tokens + num_new:
             prefill = request in out.admitted or num_new > 1
-            raise Failure(
-                "chunked_prefill" if prefill else "running_first",
+            detail = (
                 f"{where}: {name(request.seq_id)} is to compute {tokens(num_new)} after its "
-                f"{request.num_computed_tokens} computed ones, but holds slots for {held}",
-                MISCONCEPTIONS["chunk"],
+                f"{request.num_computed_tokens} computed ones, but holds slots for {held}"
             )
+            raise Failure("chunked_prefill" if prefill else "running_first", detail, "chunk")
     if out.num_tokens > TOKEN_BUDGET:
-        rows = zip(seq_ids, out.num_new_tokens, strict=True)
-        raise Failure(
-            "token_budget",
-            f"{where} the step computes {out.num_tokens} tokens "
-            f"({', '.join(f'{name(s)}: {n}' for s, n in rows)}) "
-            f"with max_num_batched_tokens={TOKEN_BUDGET}",
-            MISCONCEPTIONS["budget"],
+        rows = ", ".join(
+            f"{name(s)}: {n}" for s, n in zip(seq_ids, out.num_new_tokens, strict=True)
         )
+        detail = (
+            f"{where} the step computes {out.num_tokens} tokens ({rows}) "
+            f"with max_num_batched_tokens={TOKEN_BUDGET}"
+        )
+        raise Failure("token_budget", detail, "budget")
     if len(scheduler.running) > MAX_NUM_SEQS:
         running = ", ".join(name(r.seq_id) for r in scheduler.running)
-        raise Failure(
-            "max_num_seqs",
-            f"{where}: {len(scheduler.running)} requests run "
-            f"({running}) with max_num_seqs={MAX_NUM_SEQS}",
-            MISCONCEPTIONS["seats"],
-        )
+        detail = f"{where}: {len(scheduler.running)} requests run ({running})"
+        raise Failure("max_num_seqs", f"{detail} with max_num_seqs={MAX_NUM_SEQS}", "seats")
 
 
 def _check_started(scheduler, before: dict[int, int], where: str) -> None:
@@ -163,12 +146,11 @@ def _check_started(scheduler, before: dict[int, int], where: str) -> None:
     be RUNNING, or the next step's walk skips it."""
     for request in scheduler.running:
         if request.seq_id not in before and request.status is not RequestStatus.RUNNING:
-            raise Failure(
-                "fcfs_admission",
+            detail = (
                 f"{where}: {name(request.seq_id)} was started (it is in self.running) with "
-                f"status {request.status.name}",
-                MISCONCEPTIONS["status"],
+                f"status {request.status.name}"
             )
+            raise Failure("fcfs_admission", detail, "status")
 
 
 def _check_counts_untouched(out, computed: dict[int, int], where: str) -> None:
@@ -181,12 +163,11 @@ def _check_counts_untouched(out, computed: dict[int, int], where: str) -> None:
         if request.num_computed_tokens == was:
             continue
         method = "admit_waiting" if admitted else "schedule_running"
-        raise Failure(
-            "fcfs_admission" if admitted else "running_first",
+        detail = (
             f"{where}: {method} changed {name(request.seq_id)}'s num_computed_tokens from "
-            f"{was} to {request.num_computed_tokens}",
-            MISCONCEPTIONS["advanced"],
+            f"{was} to {request.num_computed_tokens}"
         )
+        raise Failure("fcfs_admission" if admitted else "running_first", detail, "advanced")
 
 
 def _check_preempted(scheduler, out, victim, was_newest: bool, where: str) -> None:
@@ -194,27 +175,16 @@ def _check_preempted(scheduler, out, victim, was_newest: bool, where: str) -> No
     (the right victims), so computing it anyway means it was not skipped."""
     who = f"{where}: {name(victim.seq_id)} was preempted"
     if victim in out.requests:
-        why = MISCONCEPTIONS["skip" if was_newest else "victim"]
+        why = "skip" if was_newest else "victim"
         raise Failure("preemption", f"{who} and still computes in the same step", why)
     if victim.seq_id in scheduler.kv:
-        raise Failure(
-            "preemption",
-            f"{who} but still holds {scheduler.kv.num_tokens(victim.seq_id)} slots",
-            MISCONCEPTIONS["free"],
-        )
+        held = scheduler.kv.num_tokens(victim.seq_id)
+        raise Failure("preemption", f"{who} but still holds {held} slots", "free")
     if victim.num_computed_tokens != 0 or victim.status is not RequestStatus.WAITING:
-        raise Failure(
-            "preemption",
-            f"{who} with num_computed_tokens="
-            f"{victim.num_computed_tokens}, status {victim.status.name}",
-            MISCONCEPTIONS["recompute"],
-        )
+        state = f"num_computed_tokens={victim.num_computed_tokens}, status {victim.status.name}"
+        raise Failure("preemption", f"{who} with {state}", "recompute")
     if victim in scheduler.running or victim not in scheduler.waiting:
-        raise Failure(
-            "preemption",
-            f"{who} but is not back in the waiting queue alone",
-            MISCONCEPTIONS["head"],
-        )
+        raise Failure("preemption", f"{who} but is not back in the waiting queue alone", "head")
 
 
 def compare(mine: Plan, ref: Plan, where: str) -> None:
@@ -224,7 +194,7 @@ def compare(mine: Plan, ref: Plan, where: str) -> None:
         mistake, taken = _preemption_mistake(mine, ref)
         if mistake == "listed":
             detail += f" in out.preempted, though your step took {_names(taken)} off self.running"
-        raise Failure("preemption", detail, MISCONCEPTIONS[mistake])
+        raise Failure("preemption", detail, mistake)
     for seq_id, left in ref.before.items():
         got, want = mine.rows.get(seq_id, 0), ref.rows.get(seq_id, 0)
         if got == want:
@@ -234,29 +204,29 @@ def compare(mine: Plan, ref: Plan, where: str) -> None:
             f"{tokens(got)}; kvlab gives it {want}"
         )
         if mine.preempted and got == 0:
-            raise Failure("preemption", detail, MISCONCEPTIONS["retry"])
+            raise Failure("preemption", detail, "retry")
         if left > 1 and 0 < want < left or 0 < got < want:
-            raise Failure("chunked_prefill", detail, MISCONCEPTIONS["chunk"])
-        raise Failure("running_first", detail, MISCONCEPTIONS["skipped"])
+            raise Failure("chunked_prefill", detail, "chunk")
+        raise Failure("running_first", detail, "skipped")
     if mine.admitted != ref.admitted:
         detail = f"{where}: kvlab admits {_names(ref.admitted)}, yours {_names(mine.admitted)}"
         started = set(ref.admitted) <= set(mine.rows) and set(mine.admitted) < set(ref.admitted)
-        raise Failure("fcfs_admission", detail, MISCONCEPTIONS["admitted" if started else "fcfs"])
+        raise Failure("fcfs_admission", detail, "admitted" if started else "fcfs")
     for seq_id in ref.admitted:
         if mine.rows.get(seq_id) != ref.rows[seq_id]:
             detail = (
                 f"{where}: {name(seq_id)} starts with {mine.rows.get(seq_id)} tokens; "
                 f"kvlab gives it {ref.rows[seq_id]}"
             )
-            raise Failure("chunked_prefill", detail, MISCONCEPTIONS["chunk"])
+            raise Failure("chunked_prefill", detail, "chunk")
     if mine.waiting_after != ref.waiting_after:
         detail = (
             f"{where}: the waiting queue is {_names(mine.waiting_after)}, kvlab's "
             f"{_names(ref.waiting_after)}"
         )
         if ref.preempted:
-            raise Failure("preemption", detail, MISCONCEPTIONS["head"])
-        raise Failure("fcfs_admission", detail, MISCONCEPTIONS["fcfs"])
+            raise Failure("preemption", detail, "head")
+        raise Failure("fcfs_admission", detail, "fcfs")
 
 
 def _preemption_mistake(mine: Plan, ref: Plan) -> tuple[str, list[int]]:
@@ -278,20 +248,15 @@ def check_end(engine, num_steps: int):
     """Every request finished, and the pool empty, once kvlab's engine is done."""
     if engine.has_unfinished_requests():
         left = engine.scheduler.running + list(engine.scheduler.waiting)
-        return (
-            "finishes",
+        detail = (
             f"kvlab's scheduler finished the trace; after {num_steps} steps and "
-            f"{EXTRA_STEPS} more, yours has {_names([r.seq_id for r in left])} unfinished",
-            MISCONCEPTIONS["skipped"],
+            f"{EXTRA_STEPS} more, yours has {_names([r.seq_id for r in left])} unfinished"
         )
-    held = engine.kv.seq_ids()
-    if held or engine.kv.num_free_blocks != NUM_BLOCKS:
-        return (
-            "finishes",
-            f"every request finished, but the pool holds "
-            f"{NUM_BLOCKS - engine.kv.num_free_blocks} blocks (of {_names(held)})",
-            MISCONCEPTIONS["leak"],
-        )
+        return Failure("finishes", detail, "skipped").args
+    held, free = engine.kv.seq_ids(), engine.kv.num_free_blocks
+    if held or free != NUM_BLOCKS:
+        detail = f"every request finished, but the pool holds {NUM_BLOCKS - free} blocks"
+        return Failure("finishes", f"{detail} (of {_names(held)})", "leak").args
     return None
 
 

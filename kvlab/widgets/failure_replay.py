@@ -2,17 +2,10 @@
 
 ``check_arena``, ``check_block_manager`` and ``check_prefix_cache`` print the shortest
 sequence of calls that breaks a criterion; ``replay_failure(MyArena)`` (or
-``MyBlockManager``, ``MyBlockPool``) draws it. It finds that case the same way, from the
-build-it's description (``kvlab.exercises.grading.BuildIt``: its search and its replay),
-runs it on a fresh copy of the learner's class, and takes a snapshot of the learner's own
-state after every call, up to the call that broke the property: a ``StepView`` whose slider
-walks through the calls and rests on the broken one, with the grader's verdict above it.
-
-    [calls that hold] ... [the call that breaks it]   <- the view rests here
-
-What is drawn: lab 02, the ranges the learner's ``reserve`` returned, slot by slot (a
-slot two ranges overlap shows both); lab 03, the learner's ``block_tables``; lab 06, the
-learner's pool inside kvlab's block manager, its cached blocks marked.
+``MyBlockManager``, ``MyBlockPool``) finds it the same way, from the build-it's description
+(``kvlab.exercises.grading.BuildIt``: its search and its ``Replay``), runs it on a fresh
+copy of the learner's class, and shows the learner's own state after every call in a
+``StepView`` that rests on the call that broke the property, the verdict above it.
 
 Not handled: failures of the generation criterion (that one runs the engine), lab 04's
 scheduler and lab 05's kernel (their failures are steps and rows, not a pool).
