@@ -108,3 +108,18 @@ def test_with_two_bugs_the_replay_rests_on_the_call_that_breaks_the_criterion_na
     replay = replay_failure(StrictlyLongerTailTwice)
     assert repr(replay).startswith(f"{CRITERIA['first_fit']}: broken at step 4")
     assert replay.view.slider.value == len(replay.view.snapshots) - 1 == 4
+
+
+def test_lab_06_a_pool_whose_counts_and_holders_disagree_says_so_instead_of_raising():
+    """The page map refuses a block whose ref_cnt says free while a sequence holds it; the
+    replay draws the pool up to the call before and names the contradiction there."""
+    from test_build_prefix_cache import AllocateSetsNoHolder, FreeDropsEveryHolder
+
+    replay = replay_failure(AllocateSetsNoHolder)
+    text = repr(replay)
+    assert text.startswith("ref_cnt counts holders") and "broken at step 1" in text
+    assert "step 1: add seq 9 with prompt [5]: not drawn, the pool contradicts itself: " in text
+    assert "block 0 has ref_cnt 0 but seq_ids (9,)" in text
+    assert len(replay.view.snapshots) == 1  # the empty pool: step 1 cannot be drawn
+    later = repr(replay_failure(FreeDropsEveryHolder))
+    assert "broken at step 5" in later and "step 5: " in later and "not drawn" in later

@@ -21,6 +21,7 @@ from kvlab.exercises.build_arena import ARENA
 from kvlab.exercises.build_block_manager import BLOCK_MANAGER
 from kvlab.exercises.build_prefix_cache import PREFIX_CACHE
 from kvlab.exercises.grading import BuildIt
+from kvlab.widgets.page_map_state import encode_blocks
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 from kvlab.widgets.svg import with_static_copy
 
@@ -53,7 +54,7 @@ def replay_failure(learner_class, num_sequences: int = 300, seed: int = 0) -> Fa
     snapshots, labels = _snapshots(build_it, learner_class, cases[broken], broken)
     view = StepView(snapshots, title=build_it.replay.title, step=len(snapshots) - 1)
     lines = [
-        f"{criterion}: broken at step {len(snapshots) - 1}",
+        f"{criterion}: broken at step {len(labels) - 1}",
         detail,
         *likely,
         *(f"  step {i}: {label}" for i, label in enumerate(labels)),
@@ -97,7 +98,9 @@ def _build_it_of(learner_class) -> BuildIt:
 def _snapshots(build_it: BuildIt, learner_class, ops: list, broken: str):
     """A snapshot of the learner's state before the case and after each of its calls,
     stopping at the first call that breaks the criterion ``broken`` (a call that breaks
-    another one first, in a learner's code with two bugs, is drawn and passed)."""
+    another one first, in a learner's code with two bugs, is drawn and passed), and a label
+    for each. A call after which the page map cannot draw the pool (a block's count and
+    holders disagree) ends it with a label saying why, and no snapshot."""
     search, replay = build_it.search, build_it.replay
     state = replay.new_state(learner_class)
     snapshots, labels = [PoolSnapshot(*replay.pool(state), 0)], ["an empty pool"]
@@ -108,8 +111,16 @@ def _snapshots(build_it: BuildIt, learner_class, ops: list, broken: str):
             labels.append(f"{search.show_op(op)}: raised {type(error).__name__}")
             snapshots.append(PoolSnapshot(*replay.pool(state), step))
             break
+        snapshot = PoolSnapshot(*replay.pool(state), step)
+        try:  # the page map draws only a pool that agrees with itself
+            encode_blocks(snapshot.infos, snapshot.block_size)
+        except ValueError as contradiction:  # the learner's counts and holders disagree
+            labels.append(
+                f"{search.show_op(op)}: not drawn, the pool contradicts itself: {contradiction}"
+            )
+            break
         labels.append(search.show_op(op))
-        snapshots.append(PoolSnapshot(*replay.pool(state), step))
+        snapshots.append(snapshot)
         failure = search.first_difference(learner_class, ops[:step])
         if failure is not None and failure[0] == broken:
             break
