@@ -10,6 +10,7 @@
  *           scores of the block's keys against the group's query heads
  *           online softmax: a new running max, rescale what was summed so far
  *           add the block's values, weighted
+ *           (meanwhile, ask the memory for the next block's keys and values)
  *       out = summed values / summed weights
  *
  * Grouped-query attention: the num_heads / num_kv_heads query heads of a group share one
@@ -38,10 +39,12 @@
 #define MAX_BLOCK 256  /* slots per block */
 #define MAX_HEAD_DIM 256
 
-static void attend_group(float *out, const float *query, const float *key_cache,
-                         const float *value_cache, const int64_t *block_ids, int64_t seq_len,
-                         int64_t group, int64_t head_dim, int64_t block_size,
-                         int64_t slot_stride, float scale) {
+/* Inlined into each call below, so that where head_dim is a constant the compiler unrolls
+ * the loops over it. */
+static inline __attribute__((always_inline)) void attend_group(
+    float *out, const float *query, const float *key_cache, const float *value_cache,
+    const int64_t *block_ids, int64_t seq_len, int64_t group, int64_t head_dim,
+    int64_t block_size, int64_t slot_stride, float scale) {
   float acc[MAX_GROUP][MAX_HEAD_DIM];  /* sum of weight * value, per query head */
   float score[MAX_GROUP][MAX_BLOCK];   /* this block's scores, then its weights */
   float running_max[MAX_GROUP], weight_sum[MAX_GROUP];
@@ -56,9 +59,16 @@ static void attend_group(float *out, const float *query, const float *key_cache,
         seq_len - b * block_size < block_size ? seq_len - b * block_size : block_size;
     const float *keys = key_cache + block_ids[b] * block_stride;
     const float *values = value_cache + block_ids[b] * block_stride;
+    /* The next block lies anywhere in the pool, where no hardware prefetcher guesses it:
+     * while this block's row t is read, row t of the next block is asked for ahead. */
+    const int64_t next = (b + 1) * block_size < seq_len ? block_ids[b + 1] : block_ids[b];
+    const float *next_keys = key_cache + next * block_stride;
+    const float *next_values = value_cache + next * block_stride;
     /* Scores: each key row is read once and dotted with every query head of the group. */
     for (int64_t t = 0; t < num_keys; t++) {
       const float *key = keys + t * slot_stride;
+      for (int64_t d = 0; d < head_dim; d += 16)  /* a 64-byte cache line: 16 floats */
+        __builtin_prefetch(next_keys + t * slot_stride + d);
       for (int64_t g = 0; g < group; g++) {
         const float *q = query + g * head_dim;
         float dot = 0.0f;
@@ -84,6 +94,8 @@ static void attend_group(float *out, const float *query, const float *key_cache,
     /* Values: each value row is read once and added to every query head's sum. */
     for (int64_t t = 0; t < num_keys; t++) {
       const float *value = values + t * slot_stride;
+      for (int64_t d = 0; d < head_dim; d += 16)
+        __builtin_prefetch(next_values + t * slot_stride + d);
       for (int64_t g = 0; g < group; g++) {
         const float weight = score[g][t];
 #pragma omp simd
@@ -132,9 +144,17 @@ int paged_decode_attention(float *out, const float *query, const float *key_cach
   for (int64_t i = 0; i < num_seqs; i++) {
     for (int64_t h = 0; h < num_kv_heads; h++) {
       const int64_t row = (i * num_heads + h * group) * head_dim;  /* the group's first head */
-      attend_group(out + row, query + row, key_cache + h * head_dim,
-                   value_cache + h * head_dim, block_ids + i * blocks_per_seq, seq_lens[i],
-                   group, head_dim, block_size, slot_stride, scale);
+      const float *keys = key_cache + h * head_dim, *values = value_cache + h * head_dim;
+      const int64_t *table = block_ids + i * blocks_per_seq;
+      if (head_dim == 64)  /* SmolLM2's */
+        attend_group(out + row, query + row, keys, values, table, seq_lens[i], group, 64,
+                     block_size, slot_stride, scale);
+      else if (head_dim == 128)  /* Llama's, Mistral's, Qwen2's */
+        attend_group(out + row, query + row, keys, values, table, seq_lens[i], group, 128,
+                     block_size, slot_stride, scale);
+      else
+        attend_group(out + row, query + row, keys, values, table, seq_lens[i], group,
+                     head_dim, block_size, slot_stride, scale);
     }
   }
   return 0;
