@@ -63,8 +63,11 @@ def first_difference(make_arena: Callable, ops: list[Op]) -> tuple[str, str, str
         where = f"operation {index + 1}, {show_op(op)}"
         try:
             failure = _one_op(make_arena, mine, ref, op, where, seen)
-            if failure is None and seen.wrong_holes is None:
-                seen.wrong_holes = _holes_difference(mine, ref, op, where)
+            if failure is None and seen.wrong_holes is None:  # the first holes() difference
+                got, expected = _holes(mine), ref.holes()
+                if got != expected:
+                    detail = f"after {where}: holes() = {got}, expected {expected}"
+                    seen.wrong_holes = "holes", detail, _wrong_holes(got, expected, op)
         except LearnerError as error:
             return _raised(error, op, ref, where)
         if failure is not None:
@@ -131,15 +134,6 @@ def _follows(holes: list, num_slots: int, got) -> bool:
     if isinstance(got, CacheFullError):
         return not starts
     return bool(starts) and got == starts[0]
-
-
-def _holes_difference(mine, ref, op: Op, where: str):
-    """The learner's ``holes()`` against kvlab's after ``op``: the difference, or None."""
-    got, expected = _holes(mine), ref.holes()
-    if got == expected:
-        return None
-    detail = f"after {where}: holes() = {got}, expected {expected}"
-    return "holes", detail, _wrong_holes(got, expected, op)
 
 
 # ---- naming the misconception from what the failing operation saw ---------------------------

@@ -79,12 +79,9 @@ def question(exercise_id: str) -> str:
 
 
 def _get(exercise_id: str) -> Exercise:
-    try:
-        return EXERCISES[exercise_id]
-    except KeyError:
-        raise KeyError(
-            f"no exercise {exercise_id!r}; the exercises are {sorted(EXERCISES)}"
-        ) from None
+    if exercise_id not in EXERCISES:
+        raise KeyError(f"no exercise {exercise_id!r}; the exercises are {sorted(EXERCISES)}")
+    return EXERCISES[exercise_id]
 
 
 def _fmt(value: float) -> str:

@@ -78,18 +78,10 @@ def pool_that_preempts(prompts: Sequence[Sequence[int]], max_tokens: int, block_
     return max(sum(blocks(len(p)) for p in prompts) - 4, largest + blocks(max_tokens) + 1)
 
 
-SHARED_WRITE = (
-    "two sequences wrote into the same slots: a shared block was written in place, or a block "
-    "was handed out while someone still held it"
-)
-
-
 def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:
     """Step both engines in turn; after each step every sequence's K/V must be kvlab's, and
-    at the end every request's tokens. The failed verdict, or None when all agree.
-
-    Requests are named "0", "1", ... ``num_requests - 1`` in both engines.
-    """
+    at the end the tokens of every request ("0" to ``num_requests - 1`` in both). The
+    failed verdict, or None when all agree."""
     finished: dict[str, dict] = {"yours": {}, "kvlab": {}}
     step = 0
     while kvlab.has_unfinished_requests():
@@ -100,7 +92,11 @@ def run_side_by_side(yours, kvlab, num_requests: int) -> Verdict | None:
             mine, theirs = _context_kv(yours.cache, seq_id), _context_kv(kvlab.cache, seq_id)
             if mine.shape != theirs.shape or not torch.allclose(mine, theirs):
                 detail = f"after step {step}, the K/V that seq {seq_id}'s block table points at"
-                return Verdict("generation", False, f"{detail} differ from kvlab's", SHARED_WRITE)
+                why = (
+                    "two sequences wrote into the same slots: a shared block was written in "
+                    "place, or a block was handed out while someone still held it"
+                )
+                return Verdict("generation", False, f"{detail} differ from kvlab's", why)
     yours_out = [finished["yours"].get(str(i)) for i in range(num_requests)]
     kvlab_out = [finished["kvlab"][str(i)] for i in range(num_requests)]
     why = "the engine scheduled differently: compare free_blocks with kvlab's"

@@ -28,8 +28,6 @@ from kvlab.exercises.learner_pool import LearnerError, call_learner
 NUM_BLOCKS = 12
 BLOCK_SIZE = 4
 Op = tuple  # ("allocate_slots", seq_id, n), ("fork", parent, child) or ("free", seq_id)
-
-
 # The criterion a learner's method stands for when it raises something unexpected.
 _CRITERION_OF = {
     "allocate_slots": "grows",
@@ -37,8 +35,6 @@ _CRITERION_OF = {
     "free": "ref_cnt",
     "fork": "fork",
 }
-
-
 # What a failure of each kind most often means, named where the operation and the state
 # it saw point to it.
 MISCONCEPTIONS = {
@@ -167,18 +163,17 @@ def _allocate(mine, ref, op: Op, where: str):
 def _check_copies(mine, op: Op, num_old, old_table, got, num_expected, where):
     _, seq_id, num_new = op
     copies = [tuple(pair) for pair in (got or [])]
-    size = BLOCK_SIZE
     if len(copies) != num_expected:
         if num_expected:
             why = MISCONCEPTIONS["copy"]
-        elif num_old % size == 0:
+        elif num_old % BLOCK_SIZE == 0:
             why = MISCONCEPTIONS["copy_full"]
         else:
             why = MISCONCEPTIONS["copy_shared"]
         return "copy_on_write", f"{where}: returned {copies}, expected {num_expected} copy", why
     table = mine.block_tables.get(seq_id, [])
     if copies:
-        (src, dst), last = copies[0], (num_old - 1) // size
+        (src, dst), last = copies[0], (num_old - 1) // BLOCK_SIZE
         if src != old_table[last] or len(table) <= last or table[last] != dst:
             now = table[last] if len(table) > last else None
             detail = (
@@ -186,9 +181,8 @@ def _check_copies(mine, op: Op, num_old, old_table, got, num_expected, where):
                 f"was {old_table[last]} and is now {now}"
             )
             return "copy_on_write", detail, MISCONCEPTIONS["copy_replaces"]
-    written = {
-        table[pos // size] for pos in range(num_old, num_old + num_new) if pos // size < len(table)
-    }
+    positions = range(num_old, num_old + num_new)
+    written = {table[pos // BLOCK_SIZE] for pos in positions if pos // BLOCK_SIZE < len(table)}
     shared = sorted(b for b in written if mine.ref_cnt[b] > 1)
     if shared:
         holders = mine.ref_cnt[shared[0]]

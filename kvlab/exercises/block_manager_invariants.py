@@ -53,11 +53,8 @@ def _check_table(mine, ref, op: tuple, seq_id: int, table: list, where: str):
     num_tokens = mine.num_tokens.get(seq_id)
     if num_tokens != ref.num_tokens(seq_id):
         count = f"num_tokens[{seq_id}] is {num_tokens}, expected {ref.num_tokens(seq_id)}"
-        return (
-            "grows",
-            f"after {where}: {count}",
-            "num_tokens grows by num_new_tokens" if grown else "",
-        )
+        why = "num_tokens grows by num_new_tokens" if grown else ""
+        return "grows", f"after {where}: {count}", why
     need = -(-num_tokens // size)
     if len(table) != need:
         why = ""

@@ -1,12 +1,8 @@
 """Build it (lab 02): a first-fit arena of your own, checked, then run inside the engine.
 
-The learner writes three methods of a contiguous arena (the stub is in lab 02):
-
-    reserve(seq_id, num_slots) -> start   first-fit: the first hole, in address order,
-                                          of at least num_slots slots; CacheFullError
-                                          (and no change) when no hole is long enough
-    free(seq_id)                          its range becomes free; neighbours merge
-    holes() -> [(start, length), ...]     every free run, merged, in address order
+The learner writes three methods of a contiguous arena (the stub is in lab 02): first-fit
+``reserve(seq_id, num_slots) -> start``, ``free(seq_id)`` and ``holes() -> [(start, length),
+...]``; ``CRITERIA`` says what each must do, the third hint how.
 
 ``check_arena(MyArena)`` grades it (``grading.BuildIt``): seeded random reserves and frees
 on the learner's arena and on kvlab's ``ContiguousArena`` side by side (``arena_grader``);
@@ -124,18 +120,15 @@ def check_generation(arena_class, model, prompts) -> Verdict:
         return Verdict("generation", False, detail, why)
     why = "two ranges shared slots: one request's K/V overwrote another's"
     detail = f"{len(prompts)} requests, the same tokens as with kvlab's arena (= HF generate)"
-    return different_requests(yours.outputs, kvlab.outputs, why) or Verdict(
-        "generation", True, detail
-    )
+    failure = different_requests(yours.outputs, kvlab.outputs, why)
+    return failure or Verdict("generation", True, detail)
 
 
 class LearnerArena(ContiguousArena):
-    """kvlab's arena bookkeeping (tokens per range, counts) with a learner's placement.
-
-    ``reserve``, ``free`` and ``holes`` go to the learner's arena; this class records each
-    range where the learner put it, unchecked, so that a wrong placement corrupts K/V
-    exactly as it would in a real engine.
-    """
+    """kvlab's arena bookkeeping (tokens per range, counts) with a learner's placement:
+    ``reserve``, ``free`` and ``holes`` go to the learner's arena, and each range is recorded
+    where the learner put it, unchecked, so a wrong placement corrupts K/V as it would in a
+    real engine."""
 
     def __init__(self, arena_class, num_slots: int) -> None:
         super().__init__(num_slots)

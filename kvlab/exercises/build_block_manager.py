@@ -1,17 +1,10 @@
 """Build it (lab 03): a paged block manager of your own, checked, then run inside the engine.
 
 The learner writes four methods of a block manager over ``num_blocks`` blocks of
-``block_size`` slots (the stub, with its state, is in lab 03):
-
-    allocate_slots(seq_id, n) -> copies   room for n more tokens: a new block only when the
-                                          last one is full; a shared, partly filled last
-                                          block is copied first (copy-on-write) and [(old,
-                                          new)] returned; CacheFullError (and no change)
-                                          when the free blocks are too few
-    slot_mapping(seq_id, start, num)      each position's slot: table[pos // size] * size
-                                          + pos % size
-    fork(parent, child)                   the child shares every block (ref_cnt += 1)
-    free(seq_id)                          ref_cnt -= 1 on each block; at 0 it is free again
+``block_size`` slots (the stub, with its state, is in lab 03): ``allocate_slots`` (a new block
+only when the last is full, copy-on-write of a shared one, CacheFullError and no change when
+too few are free), ``slot_mapping``, ``fork`` and ``free``; ``CRITERIA`` says what each must
+do, hints 2 and 3 how.
 
 ``check_block_manager(MyBlockManager)`` grades it (``grading.BuildIt``): seeded random
 sequences of those calls on the learner's manager and on kvlab's ``BlockManager`` side by
@@ -118,8 +111,5 @@ def check_block_manager(
     ``num_sequences`` seeded random sequences of calls; the last criterion serves
     ``prompts`` (default: the chat questions) on ``model`` (default: SmolLM2-135M)."""
     return BLOCK_MANAGER.check(
-        manager_class,
-        lambda: check_generation(manager_class, model, prompts),
-        num_sequences,
-        seed,
+        manager_class, lambda: check_generation(manager_class, model, prompts), num_sequences, seed
     )

@@ -150,10 +150,8 @@ HINTS = (
 
 
 def decode_with(kernel, query, kv_cache, block_table, seq_lens, scale=None) -> torch.Tensor:
-    """Launch a learner's decode kernel: one program per (sequence, query head).
-
-    The kernel has the arguments of lab 05's ``naive_paged_decode_kernel``.
-    """
+    """Launch a learner's decode kernel, with the arguments of lab 05's
+    ``naive_paged_decode_kernel``: one program per (sequence, query head)."""
     num_seqs, num_heads, head_dim = query.shape
     query = query.contiguous()
     out = torch.empty_like(query)
@@ -368,6 +366,5 @@ def check_generation(kernel, model=None) -> Verdict:
     detail = (
         f"{len(prompts)} prompts, 7 decode steps each, every token as with the reference backend"
     )
-    return different_requests(outputs["yours"], outputs["reference"], why, what) or Verdict(
-        "generation", True, detail
-    )
+    failure = different_requests(outputs["yours"], outputs["reference"], why, what)
+    return failure or Verdict("generation", True, detail)

@@ -2,26 +2,9 @@
 the engine.
 
 The learner writes five methods of a block pool (the stub, with its state, is in lab 06),
-to vLLM 0.32.0's rules (``vllm/v1/core/block_pool.py``, as ``kvlab.cache.block_pool``):
-
-    allocate(num) -> block_ids     from the front of free_queue, ref_cnt 1 each; a cached
-                                   block handed out is evicted (its hash forgotten, and a hash
-                                   with no block left leaves cached); CacheFullError and no
-                                   change when fewer than num are free (exactly num is enough)
-    free(block_ids)                ref_cnt - 1 each; at 0 a block without a hash goes to the
-                                   front of free_queue (one call's blocks in their order:
-                                   callers pass a sequence's blocks last first), a hashed one
-                                   to the back, keeping its hash
-    cache(block_id, block_hash)    a held, full block is hashed, findable even when another
-                                   block already has that hash (cached[hash] lists the copies,
-                                   oldest first); a block that has a hash keeps it; vLLM's
-                                   name: "cache" means "hash"
-    take_cached(block_id)          a prefix hit: ref_cnt + 1; a free block leaves the queue
-    match_prefix(block_size, ids)  the chained hashes of the prompt's blocks of block_size
-                                   tokens (the argument: the check passes 2), walked until the
-                                   first the cache lacks, never the block of the prompt's last
-                                   token: (block_ids, block_hashes), each block the first copy
-                                   of its hash; changes nothing
+``allocate``, ``free``, ``cache``, ``take_cached`` and ``match_prefix``, to vLLM 0.32.0's rules
+(``vllm/v1/core/block_pool.py``, as ``kvlab.cache.block_pool``): ``CRITERIA`` says what each
+must do, the third hint how, step by step.
 
 ``check_prefix_cache(MyBlockPool)`` grades it (``grading.BuildIt``): seeded requests whose
 prompts share prefixes through a ``BlockManager`` on the learner's pool and one on kvlab's

@@ -1,17 +1,10 @@
 """Build it (lab 04): the continuous scheduler's step, checked, then run inside the engine.
 
-The learner subclasses ``StepScheduler`` (``kvlab.exercises.step_scheduler``) and writes
-the three methods of one step:
-
-    schedule_running(out, budget) -> budget
-        running requests first, oldest first: each gets its next tokens (a decode: 1; a
-        prompt: as much as the budget allows, a chunk); when a request finds no block,
-        preempt the newest running one and try again
-    preempt(victim, out)
-        recompute: free its blocks, forget its progress, back to the head of the queue
-    admit_waiting(out, budget)
-        waiting requests in queue order while a seat (max_num_seqs) and budget are left
-        and kv_admit finds them room; stop at the first that does not fit
+The learner subclasses ``StepScheduler`` (``kvlab.exercises.step_scheduler`` describes
+it) and writes the three methods of one step: ``schedule_running`` (running requests first,
+oldest first, preempting the newest when a block runs out), ``preempt`` (by recompute) and
+``admit_waiting`` (in queue order while seats, budget and blocks last); ``CRITERIA`` says
+what each must do, the third hint how.
 
 ``check_scheduler(MyScheduler)`` grades it (``grading.BuildIt``): seeded random traces
 through the model-free engine, the learner's plan of every step checked beside kvlab's
@@ -139,11 +132,9 @@ def _one_request(scheduler_class, waiting: bool):
 
 
 def check_generation(scheduler_class, model=None, prompts=None) -> Verdict:
-    """Serve chat prompts with the learner's scheduler planning every step, against kvlab's.
-
-    The pool (24 blocks of 4 tokens) and the budget (16 tokens a step) are small enough
-    that every prompt is chunked and running requests are preempted.
-    """
+    """Serve chat prompts with the learner's scheduler planning every step, against kvlab's,
+    on a pool (24 blocks of 4 tokens) and a budget (16 tokens a step) small enough that every
+    prompt is chunked and running requests are preempted."""
     from kvlab.cache.paged import PagedKVCache
     from kvlab.engine.llm_engine import LLMEngine
     from kvlab.model.runner import ModelRunner
@@ -205,8 +196,5 @@ def check_scheduler(
     traces; the last criterion serves ``prompts`` (default: the chat questions) on
     ``model`` (default: SmolLM2-135M)."""
     return SCHEDULER.check(
-        scheduler_class,
-        lambda: check_generation(scheduler_class, model, prompts),
-        num_traces,
-        seed,
+        scheduler_class, lambda: check_generation(scheduler_class, model, prompts), num_traces, seed
     )

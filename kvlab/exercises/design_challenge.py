@@ -3,15 +3,11 @@
 The setting is a GPU server kvlab cannot run here but can replay exactly: Llama-2-7B on an
 A100-40GB (the step-cost clock's roofline estimate), 4 GiB of KV memory, and 300
 ShareGPT-like requests arriving at 4 per second, through ``LLMEngine.step`` with the
-model-free runner (the same loop as every lab, no forward pass). The learner picks
-
-    block_size, max_num_seqs, max_num_batched_tokens, watermark
-
-and ``check_design(...)`` replays the trace with them and grades three targets:
-
-    ttft        p99 time to first token        <= 10 s
-    token_gap   p99 of each request's longest wait between two tokens   <= 0.5 s
-    throughput  output tokens per second       >= 1,100
+model-free runner (the same loop as every lab, no forward pass). The learner picks the knobs
+of ``replay_design`` (``block_size``, ``max_num_seqs``, ``max_num_batched_tokens``,
+``watermark``), and ``check_design(...)`` replays the trace with them and grades the three
+targets of ``CRITERIA``: p99 time to first token, p99 of each request's longest wait between
+two tokens, output tokens per second.
 
 The budget is tight on purpose (about 16 average requests fit, a sixth of what an A100-40GB
 leaves after the weights), so the knobs pull against each other: more seats and a small

@@ -90,16 +90,12 @@ class Search:
 
     def shrink(self, make, case: list, criterion: str) -> list:
         """The smallest version of ``case`` that still breaks ``criterion``."""
-
-        def still_fails(candidate: list) -> bool:
-            failure = self.first_difference(make, candidate)
-            return failure is not None and failure[0] == criterion
-
         shrunk = True
         while shrunk:  # the first smaller case that still fails, until none does
             shrunk = False
             for candidate in self.candidates(case):
-                if still_fails(candidate):
+                failure = self.first_difference(make, candidate)
+                if failure is not None and failure[0] == criterion:
                     case, shrunk = candidate, True
                     break
         return case

@@ -57,10 +57,7 @@ register(
             ),
             Mistake(lambda: _llama3(kv=1), "every token stores a key AND a value."),
             Mistake(lambda: _llama3(dtype_bytes=4), "float16 takes 2 bytes, not 4."),
-            Mistake(
-                lambda: _llama3() / 1024,
-                "that is the answer in KiB; give it in bytes.",
-            ),
+            Mistake(lambda: _llama3() / 1024, "that is the answer in KiB; give it in bytes."),
         ),
         explanation="A quarter of Llama-2-7B's 0.5 MiB: 4x fewer KV heads.",
     ),

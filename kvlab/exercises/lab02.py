@@ -38,8 +38,7 @@ register(
         hint="prompt_len + (max_tokens rounded up to a power of two), at most max_model_len.",
         mistakes=(
             Mistake(
-                lambda: 256,
-                "only the output is rounded up; the prompt's length is known exactly.",
+                lambda: 256, "only the output is rounded up; the prompt's length is known exactly."
             ),
             Mistake(
                 lambda: reservation_size("exact", 100, 100, 4096),

@@ -104,8 +104,7 @@ register(
         mistakes=(
             Mistake(lambda: _WATERMARK_PROMPT_BLOCKS, "you left out the reserve."),
             Mistake(
-                _watermark_reserve,
-                "that is the reserve alone; the prompt's blocks come on top.",
+                _watermark_reserve, "that is the reserve alone; the prompt's blocks come on top."
             ),
         ),
         explanation="The reserve lets running requests grow without being preempted.",

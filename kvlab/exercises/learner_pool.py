@@ -73,13 +73,6 @@ class LearnerPool:
     def num_held_blocks(self) -> int:
         return sum(1 for n in self.learner.ref_cnt if n > 0)
 
-    @property
-    def num_cached_blocks(self) -> int:
-        return sum(len(blocks) for blocks in self.learner.cached.values())
-
-    def free_block_ids(self) -> list[int]:
-        return list(self.learner.free_queue)
-
     def allocate(self, num: int) -> list[int]:
         num_free = self.num_free_blocks
         try:
@@ -95,13 +88,6 @@ class LearnerPool:
     def share(self, block_ids) -> None:
         for block_id in block_ids:
             self.learner.ref_cnt[block_id] += 1
-
-    def lookup(self, block_hash: int) -> int | None:
-        blocks = self.learner.cached.get(block_hash)
-        return blocks[0] if blocks else None
-
-    def cached_blocks(self, block_hash: int) -> list[int]:
-        return list(self.learner.cached.get(block_hash, ()))
 
     def take_cached(self, block_id: int) -> None:
         call("take_cached", self.learner.take_cached, block_id)

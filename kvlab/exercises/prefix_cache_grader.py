@@ -2,14 +2,9 @@
 ``BlockManager`` (through ``LearnerPool``), kvlab's ``BlockPool`` inside another, the same
 requests through both.
 
-    first_difference(make, ops)   the first criterion a sequence of requests breaks, what
-                                  happened, and the misconception that the failing
-                                  operation and the state it saw point to ("" if none does)
-    random_ops(rng)               seeded requests whose prompts share prefixes (so blocks
-                                  are hit, freed, kept cached and evicted)
-    candidates(ops)               smaller sequences, to shrink a failure with
-    managers, apply_op, view      a sequence replayed on the learner's pool
-    PROBES                        fixed cases the random requests rarely reach
+``first_difference``, ``random_ops``, ``candidates``, ``show_op`` and ``PROBES`` (fixed cases
+the random requests rarely reach) are the build-it's ``Search``
+(``kvlab.exercises.build_prefix_cache``); ``managers``, ``apply_op`` and ``view`` its ``Replay``.
 
 The policy is fixed (vLLM 0.32.0's, ``kvlab.cache.block_pool``), so the pools must agree
 exactly, block ids too. A misconception is named only when the learner's answer is the one
@@ -98,9 +93,6 @@ MATCH_MISTAKES = (
         "copy kvlab's lookup finds",
     ),
 )
-# The criterion a learner's method stands for when it raises (allocate, free, take_cached:
-# ref_cnt).
-_CRITERION_OF = {"cache": "cache", "match_prefix": "match_prefix"}
 
 
 def managers(make: Callable) -> tuple[BlockManager, BlockManager]:
@@ -167,7 +159,9 @@ def _raised(error: LearnerError, pool, where: str) -> tuple[str, str, str]:
     an eviction left an empty list in ``cached`` (later calls trip over it)."""
     if _empty_hashes(pool):
         return "cache", f"{where}: {error}", MISCONCEPTIONS["empty_hash"]
-    return _CRITERION_OF.get(error.method, "ref_cnt"), f"{where}: {error}", ""
+    # cache and match_prefix have criteria of their own; allocate, free, take_cached: ref_cnt
+    criterion = error.method if error.method in ("cache", "match_prefix") else "ref_cnt"
+    return criterion, f"{where}: {error}", ""
 
 
 def apply_op(manager: BlockManager, op: Op):
@@ -285,11 +279,10 @@ def _queue_failure(pool, ref_pool: BlockPool, step: Step):
     if mine == theirs:
         return None
     detail = f"after {step.where}: free_queue is {mine}, expected {theirs}"
-    return "lru", detail, _wrong_queue(pool, ref_pool, step)
+    return "lru", detail, _wrong_queue(pool, ref_pool, step, mine, theirs)
 
 
-def _wrong_queue(pool, ref_pool: BlockPool, step: Step) -> str:
-    mine, theirs = list(pool.free_queue), ref_pool.free_block_ids()
+def _wrong_queue(pool, ref_pool: BlockPool, step: Step, mine: list, theirs: list) -> str:
     extra, missing = set(mine) - set(theirs), set(theirs) - set(mine)
     if extra & set(step.adopted):
         return MISCONCEPTIONS["hit_dequeues"]

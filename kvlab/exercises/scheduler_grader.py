@@ -73,13 +73,8 @@ def engine_for(scheduler_class, trace: list[Request], on_plan=None) -> LLMEngine
     cache = bookkeeping_cache(
         num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, enable_prefix_caching=False
     )
-    engine = LLMEngine(
-        ModelFreeRunner(),
-        cache,
-        config,
-        scheduler_class=_watched(scheduler_class, on_plan),
-        clock=ManualClock(1.0),
-    )
+    watched, clock = _watched(scheduler_class, on_plan), ManualClock(1.0)
+    engine = LLMEngine(ModelFreeRunner(), cache, config, scheduler_class=watched, clock=clock)
     for index, (arrival, prompt, output) in enumerate(trace):
         params = SamplingParams(max_tokens=output, ignore_eos=True)
         engine.add_request(str(index), [1 + index] * prompt, params, arrival_time=float(arrival))

@@ -1,22 +1,12 @@
 """The scheduler lab 04's learner completes: kvlab's ``Scheduler`` with its step left open.
 
 ``StepScheduler`` keeps everything of ``kvlab.engine.scheduler.Scheduler`` except the plan
-of a step, which it splits into the three methods the learner writes:
-
-    schedule(now)                                        (given)
-        budget = schedule_running(out, max_num_batched_tokens)   running requests first
-        if nothing was preempted:
-            admit_waiting(out, budget)                           then waiting ones, FCFS
-    preempt(victim, out)                                 called by schedule_running
-
-and two helpers that talk to the KV bookkeeping for them:
-
-    allocate(request, num_new, out)   slots for the request's next num_new tokens;
-                                      CacheFullError (and no change) when blocks run out
-    kv_admit(request, budget)         start a waiting request: the tokens its first step
-                                      computes (at most budget), or None when it does not
-                                      fit; the pool's admission rule decides (watermark).
-                                      It is kvlab's own (``Scheduler.kv_admit``).
+of a step: its ``schedule`` calls the three methods the learner writes, ``schedule_running``
+(running requests first; it calls ``preempt``), then, when nobody was preempted,
+``admit_waiting`` (waiting ones, first come first served). Two helpers talk to the KV
+bookkeeping for them: ``allocate`` (slots for a request's next tokens) and ``kv_admit``
+(kvlab's own ``Scheduler.kv_admit``: the tokens a waiting request's first step computes, at
+most ``budget``, or None when the pool's admission rule, watermark included, finds no room).
 
 It supports the setting lab 04's build-it grades: continuous batching, first come first
 served, preemption by recompute, one sample per request (``n=1``).
