@@ -56,11 +56,8 @@ class SwapPlanner:
                 f"preemption_mode='swap' needs paged KV blocks, got {type(kv).__name__}: use "
                 "preemption_mode='recompute' with a contiguous cache"
             )
-        if (
-            not isinstance(num_cpu_blocks, int)
-            or isinstance(num_cpu_blocks, bool)
-            or (num_cpu_blocks <= 0)
-        ):
+        is_int = isinstance(num_cpu_blocks, int) and not isinstance(num_cpu_blocks, bool)
+        if not is_int or num_cpu_blocks <= 0:
             raise ValueError(
                 f"num_cpu_blocks={num_cpu_blocks!r} is not allowed: preemption_mode='swap' "
                 "needs a CPU pool to swap to, an int >= 1"

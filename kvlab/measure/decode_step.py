@@ -233,11 +233,9 @@ def bytes_read(model, batch_size: int, context: int) -> dict[str, int]:
             *(getattr(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")),
         )
     )
-    dtype = model.lm_head.weight.dtype
-    weights = (per_layer * config.num_hidden_layers + model.lm_head.weight.numel()) * (
-        model.lm_head.weight.element_size()
-    )
-    kv_per_token = KVSpec.from_config(config, dtype=dtype).bytes_per_token
+    head = model.lm_head.weight
+    weights = (per_layer * config.num_hidden_layers + head.numel()) * head.element_size()
+    kv_per_token = KVSpec.from_config(config, dtype=head.dtype).bytes_per_token
     return {"weights": weights, "K/V": batch_size * (context + 1) * kv_per_token}
 
 
