@@ -69,15 +69,37 @@ def test_decode_step_benchmark_times_every_method():
 
 
 def test_decode_step_by_part_times_each_part_and_leaves_the_rest_to_the_step():
-    from kvlab.measure.decode_step import PARTS, decode_step_parts, format_parts
+    from kvlab.measure.decode_step import IN_STEP, PARTS, decode_step_parts, format_parts
 
     model, _ = load_model("tiny", device="cpu")
     times = decode_step_parts(model, batch_size=3, context=9, rounds=2, block_size=4)
-    assert set(times) == {"step", *PARTS, "rest", "plain read"}
-    assert all(times[name] > 0 for name in ("step", *PARTS, "plain read"))
+    inside = {f"{name} in step" for name in IN_STEP}
+    assert set(times) == {"step", *PARTS, "rest", "plain read", *inside}
+    assert all(times[name] > 0 for name in ("step", *PARTS, "plain read", *inside))
     assert times["rest"] == pytest.approx(times["step"] - sum(times[name] for name in PARTS))
     table = format_parts(3, times, {"weights": 4_000_000, "K/V": 1_000_000})
     assert table.startswith("batch 3: kvlab's step") and all(name in table for name in PARTS)
+
+
+def test_timing_parts_inside_a_step_leaves_the_runner_as_it_was():
+    """The in-step timing wraps the runner's functions for one step: afterwards the same
+    objects are in place, and a step computes what it computed before."""
+    from kvlab.cache.step import ForwardBatch
+    from kvlab.measure.decode_step import IN_STEP, _parts_in_step
+    from kvlab.model import runner as runner_module
+
+    model, _ = load_model("tiny", device="cpu")
+    runner = ModelRunner(model)
+    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=8, block_size=4)
+    cache.allocate_slots(0, 3)
+    batch, ids = ForwardBatch.build([0], [0], [3]), torch.tensor([5, 6, 7])
+    expected = runner.forward(ids, batch, cache)
+    before = (FusedLinear.__call__, runner.attention, runner_module.rms_norm, vars(cache).copy())
+    spent = _parts_in_step(runner, ids, batch, cache)
+    assert set(spent) == set(IN_STEP) and spent["matmuls"] > 0 and spent["norms"] > 0
+    after = (FusedLinear.__call__, runner.attention, runner_module.rms_norm, vars(cache).copy())
+    assert after == before and "rotary" not in vars(runner)
+    torch.testing.assert_close(runner.forward(ids, batch, cache), expected, rtol=0, atol=0)
 
 
 def test_the_by_part_table_gives_each_rate_and_share():
@@ -91,6 +113,8 @@ def test_the_by_part_table_gives_each_rate_and_share():
     assert "weights 6000 MB by the matmuls (3.0 GB/s)" in table
     assert "K/V 1000 MB by attention (2.0 GB/s)" in table
     assert "a plain pass reads 6.0 GB/s" in table
+    # no in-step times: one column
+    assert "  matmuls        2000.0 ms  50%\n" in table and "in the step" not in table
     # 2 / 4; 2 / (2 + 0.5); 2 / (2 + 1 GB at 6 GB/s)
     assert "matmuls / step: 0.50; with all but the matmuls and attention free: 0.80" in table
     assert "and 0.92 if attention read at the plain pass's rate" in table

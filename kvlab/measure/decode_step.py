@@ -48,7 +48,12 @@ interleaved rounds (``decode_step_parts``):
     rest          the step minus all of the above: embedding, views, Python between calls
 
 A part timed alone runs with warm caches and no neighbours, so the parts are estimates and
-``rest`` absorbs the difference.
+``rest`` absorbs the difference. So each part is also timed inside real steps, the
+functions the runner calls for it wrapped with a clock (``_parts_in_step``); there the
+activation and the residual adds, not wrapped, are in ``rest`` with the views and Python.
+The small parts cost more inside the step: each follows a multiply that has just streamed
+a layer's weights through the caches, and the code and data of every torch call come back
+from memory.
 
 Each table ends with the bytes the two largest parts read from memory: the matrix
 multiplies read every weight once (about 540 MB for SmolLM2-135M in float32, whatever the
@@ -78,11 +83,14 @@ from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
 from kvlab.memory import KVSpec
+from kvlab.model import runner as runner_module
+from kvlab.model.linear import FusedLinear
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
 METHODS = ("kvlab", "kvlab sdpa", "kvlab row-major", "matmuls only", "bare forward")
 COMPILED = "kvlab compiled"
+IN_STEP = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "rest")
 PARTS = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "activation",
          "residual")  # fmt: skip
 
@@ -216,9 +224,55 @@ def decode_step_parts(
                 start = time.perf_counter()
                 run()
                 seconds[name].append(time.perf_counter() - start)
+        in_step = [_parts_in_step(runner, input_ids, batch, cache) for _ in range(rounds)]
     medians = {name: statistics.median(times) for name, times in seconds.items()}
     medians["rest"] = medians["step"] - sum(medians[name] for name in PARTS)
+    for name in IN_STEP:
+        medians[f"{name} in step"] = statistics.median(spent[name] for spent in in_step)
     return medians
+
+
+def _parts_in_step(runner, input_ids, batch, cache) -> dict[str, float]:
+    """Seconds each of the ``IN_STEP`` parts spends inside one real step: the functions the
+    runner calls for them are wrapped with a clock for that step ("rest" is the step's
+    time outside them)."""
+    spent = dict.fromkeys(IN_STEP, 0.0)
+
+    def clocked(part, function):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - start
+
+        return run
+
+    wrapped = [  # (owner, attribute, part): the runner's module, class or object
+        (FusedLinear, "__call__", "matmuls"),
+        (runner, "attention", "attention"),
+        (cache, "write", "K/V write"),
+        (cache, "begin_step", "metadata"),
+        (runner_module, "rms_norm", "norms"),
+        (runner, "rotary", "rotary"),
+        (runner_module, "apply_rotary", "rotary"),
+    ]
+    # (owner, name, what it had: its own attribute, or None for a method of its class)
+    originals = [(owner, name, vars(owner).get(name)) for owner, name, _ in wrapped]
+    try:
+        for owner, name, part in wrapped:
+            setattr(owner, name, clocked(part, getattr(owner, name)))
+        start = time.perf_counter()
+        runner.forward(input_ids, batch, cache)
+        step = time.perf_counter() - start
+    finally:
+        for owner, name, own in originals:
+            if own is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+    spent["rest"] = step - sum(spent.values())
+    return spent
 
 
 def bytes_read(model, batch_size: int, context: int) -> dict[str, int]:
@@ -245,9 +299,15 @@ def format_parts(batch_size: int, medians: dict[str, float], read: dict[str, int
     and what ``matmuls / step`` could be with everything but the two free, at attention's
     measured speed and at the plain pass's rate."""
     step = medians["step"]
-    lines = [f"batch {batch_size}: kvlab's step {1e3 * step:.1f} ms, by part (each timed alone)"]
+    inside = "matmuls in step" in medians
+    columns = f"  {'':<12}{'timed alone':>16}" + (f"{'in the step':>18}" if inside else "")
+    lines = [f"batch {batch_size}: kvlab's step {1e3 * step:.1f} ms, by part", columns]
     for name in (*PARTS, "rest"):
-        lines.append(f"  {name:<12}{1e3 * medians[name]:>8.1f} ms{medians[name] / step:>7.0%}")
+        row = f"  {name:<12}{1e3 * medians[name]:>9.1f} ms{medians[name] / step:>5.0%}"
+        if f"{name} in step" in medians:
+            inside = medians[f"{name} in step"]
+            row += f"{1e3 * inside:>11.1f} ms{inside / step:>5.0%}"
+        lines.append(row)
     weights, kv, matmuls = read["weights"], read["K/V"], medians["matmuls"]
     plain = weights / medians["plain read"]
     weight_rate, kv_rate = weights / matmuls, kv / medians["attention"]
