@@ -82,6 +82,7 @@ import torch.nn.functional as F
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
+from kvlab.measure.engine_overhead import time_calls
 from kvlab.memory import KVSpec
 from kvlab.model import runner as runner_module
 from kvlab.model.linear import FusedLinear
@@ -237,17 +238,6 @@ def _parts_in_step(runner, input_ids, batch, cache) -> dict[str, float]:
     runner calls for them are wrapped with a clock for that step ("rest" is the step's
     time outside them)."""
     spent = dict.fromkeys(IN_STEP, 0.0)
-
-    def clocked(part, function):
-        def run(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[part] += time.perf_counter() - start
-
-        return run
-
     wrapped = [  # (owner, attribute, part): the runner's module, class or object
         (FusedLinear, "__call__", "matmuls"),
         (runner, "attention", "attention"),
@@ -261,7 +251,7 @@ def _parts_in_step(runner, input_ids, batch, cache) -> dict[str, float]:
     originals = [(owner, name, vars(owner).get(name)) for owner, name, _ in wrapped]
     try:
         for owner, name, part in wrapped:
-            setattr(owner, name, clocked(part, getattr(owner, name)))
+            time_calls(owner, name, spent, part)
         start = time.perf_counter()
         runner.forward(input_ids, batch, cache)
         step = time.perf_counter() - start

@@ -43,9 +43,9 @@ def engine_overhead(num_seqs: int, num_steps: int = 32, block_size: int = 16) ->
     """Microseconds per running sequence per decode step, by part (see the module docstring)."""
     engine = _decoding_engine(num_seqs, num_steps, block_size)
     spent: dict[str, float] = defaultdict(float)
-    _time_calls(engine.scheduler, "schedule", spent, "schedule")
-    _time_calls(engine, "_forward", spent, "metadata")
-    _time_calls(engine, "_update", spent, "update")
+    time_calls(engine.scheduler, "schedule", spent, "schedule")
+    time_calls(engine, "_forward", spent, "metadata")
+    time_calls(engine, "_update", spent, "update")
     start = time.perf_counter()
     for _ in range(num_steps):
         engine.step()
@@ -75,7 +75,7 @@ def _decoding_engine(num_seqs: int, num_steps: int, block_size: int) -> LLMEngin
     return engine
 
 
-def _time_calls(owner, name: str, spent: dict[str, float], part: str) -> None:
+def time_calls(owner, name: str, spent: dict[str, float], part: str) -> None:
     """Wrap ``owner.name`` so the time spent inside it adds up in ``spent[part]``."""
     method = getattr(owner, name)
 
