@@ -295,8 +295,8 @@ def format_parts(batch_size: int, medians: dict[str, float], read: dict[str, int
     for name in (*PARTS, "rest"):
         row = f"  {name:<12}{1e3 * medians[name]:>9.1f} ms{medians[name] / step:>5.0%}"
         if f"{name} in step" in medians:
-            inside = medians[f"{name} in step"]
-            row += f"{1e3 * inside:>11.1f} ms{inside / step:>5.0%}"
+            spent = medians[f"{name} in step"]
+            row += f"{1e3 * spent:>11.1f} ms{spent / step:>5.0%}"
         lines.append(row)
     weights, kv, matmuls = read["weights"], read["K/V"], medians["matmuls"]
     plain = weights / medians["plain read"]

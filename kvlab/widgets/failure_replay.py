@@ -105,22 +105,21 @@ def _snapshots(build_it: BuildIt, learner_class, ops: list, broken: str):
     state = replay.new_state(learner_class)
     snapshots, labels = [PoolSnapshot(*replay.pool(state), 0)], ["an empty pool"]
     for step, op in enumerate(ops, start=1):
+        label, raised = search.show_op(op), False
         try:
             replay.run(state, op)
         except Exception as error:  # noqa: BLE001 - the learner's method, shown as it failed
-            labels.append(f"{search.show_op(op)}: raised {type(error).__name__}")
-            snapshots.append(PoolSnapshot(*replay.pool(state), step))
-            break
+            label, raised = f"{label}: raised {type(error).__name__}", True
         snapshot = PoolSnapshot(*replay.pool(state), step)
         try:  # the page map draws only a pool that agrees with itself
             encode_blocks(snapshot.infos, snapshot.block_size)
         except ValueError as contradiction:  # the learner's counts and holders disagree
-            labels.append(
-                f"{search.show_op(op)}: not drawn, the pool contradicts itself: {contradiction}"
-            )
+            labels.append(f"{label}: not drawn, the pool contradicts itself: {contradiction}")
             break
-        labels.append(search.show_op(op))
+        labels.append(label)
         snapshots.append(snapshot)
+        if raised:
+            break
         failure = search.first_difference(learner_class, ops[:step])
         if failure is not None and failure[0] == broken:
             break
