@@ -95,8 +95,7 @@ def _one_op(make_arena, mine, ref, op: Op, where: str, seen: _Seen):
         try:
             mine.free(op[1])
         except Exception as error:  # noqa: BLE001 - even a CacheFullError is a bug of free
-            message = f"free() raised {type(error).__name__}: {error}"
-            raise LearnerError("free", message) from error
+            raise LearnerError("free", f"free() raised {type(error).__name__}: {error}") from error
         return None
     _, seq_id, num_slots = op
     before, kvlab_before = _holes(mine), ref.holes()
@@ -294,11 +293,10 @@ def candidates(ops: list[Op]):
 
 @dataclass
 class ArenaRun:
-    """The learner's arena, and the ranges its ``reserve`` returned: ``seq_id -> (start,
-    num_slots)``."""
+    """The learner's arena, and the ranges its ``reserve`` returned."""
 
     arena: object
-    ranges: dict[int, tuple[int, int]]
+    ranges: dict[int, tuple[int, int]]  # seq_id -> (start, num_slots)
 
     @classmethod
     def of(cls, arena_class) -> ArenaRun:

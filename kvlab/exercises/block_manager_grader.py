@@ -69,7 +69,8 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
     freed: set[int] = set()
     for index, op in enumerate(ops):
         where = f"operation {index + 1}, {show_op(op)}"
-        reused = op[0] != "free" and _started(op) in freed
+        started = op[2] if op[0] == "fork" else op[1]  # a fork's child, or the one allocated
+        reused = op[0] != "free" and started in freed
         try:
             failure = _one_op(mine, ref, op, where) or check_invariants(mine, ref, op, where)
         except LearnerError as error:  # a bug in the method it names: the message shows it
@@ -77,17 +78,12 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
             return _CRITERION_OF[error.method], f"{where}: {error}", why
         if failure is not None:
             if reused and failure[0] == "grows":
-                detail = f"{failure[1]} (seq {_started(op)} was freed before)"
+                detail = f"{failure[1]} (seq {started} was freed before)"
                 return failure[0], detail, MISCONCEPTIONS["free_forgets"]
             return failure
         if op[0] == "free":
             freed.add(op[1])
     return None
-
-
-def _started(op: Op) -> int:
-    """The sequence an allocation or a fork may start: the one allocated, or the child."""
-    return op[1] if op[0] == "allocate_slots" else op[2]
 
 
 def _state(mine) -> tuple:

@@ -105,19 +105,17 @@ def _wrong_free_blocks(mine, op: tuple, free: list, held: Counter) -> str:
     if len(set(free)) < len(free):
         return "a block went back to free_blocks twice"
     still_held = [b for b in free if held[b]]
-    if not still_held:
-        return (
-            "a block whose ref_cnt drops to 0 goes back to free_blocks" if op[0] == "free" else ""
-        )
     if op[0] == "free":
-        return "freed a block another sequence still holds: it goes back only at ref_cnt 0"
-    if op[0] == "allocate_slots" and still_held[0] in mine.block_tables.get(op[1], ()):
+        if still_held:
+            return "freed a block another sequence still holds: it goes back only at ref_cnt 0"
+        return "a block whose ref_cnt drops to 0 goes back to free_blocks"
+    if op[0] != "allocate_slots" or not still_held:
+        return ""
+    if still_held[0] in mine.block_tables.get(op[1], ()):
         return "a block the sequence takes leaves free_blocks"
     return (
         "copy-on-write gave the shared block back while another sequence holds it: it goes "
         "back only at ref_cnt 0"
-        if op[0] == "allocate_slots"
-        else ""
     )
 
 

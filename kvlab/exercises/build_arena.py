@@ -61,9 +61,7 @@ ARENA = BuildIt(
     CRITERIA,
     HINTS,
     stuck="Stuck? hint_arena(1), then 2 and 3; print(reveal_arena()) shows kvlab's own.",
-    written=lambda arena_class: check_calls(
-        lambda: arena_class(grader.NUM_SLOTS), WRITTEN_CALLS, "arena"
-    ),
+    written=lambda cls: check_calls(lambda: cls(grader.NUM_SLOTS), WRITTEN_CALLS, "arena"),
     search=Search(grader.first_difference, grader.candidates, grader.random_ops, grader.show_op),
     reveal_sources=lambda: (
         ContiguousArena.reserve,

@@ -94,9 +94,7 @@ PREFIX_CACHE = BuildIt(
     CRITERIA,
     HINTS,
     stuck="Stuck? hint_prefix_cache(1), then 2 and 3; reveal_prefix_cache() shows kvlab's own.",
-    written=lambda pool_class: check_calls(
-        lambda: pool_class(8), WRITTEN_CALLS, "pool of 8 blocks"
-    ),
+    written=lambda cls: check_calls(lambda: cls(8), WRITTEN_CALLS, "pool of 8 blocks"),
     search=Search(
         grader.first_difference,
         grader.candidates,

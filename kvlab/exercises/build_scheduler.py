@@ -87,10 +87,9 @@ def check_written(scheduler_class) -> Verdict:
     """The first criterion: a ``StepScheduler`` subclass whose three methods each run once,
     on a fresh scheduler with one request waiting (admit) or decoding (the other two)."""
     if not (isinstance(scheduler_class, type) and issubclass(scheduler_class, StepScheduler)):
+        detail = f"{scheduler_class!r} is not a StepScheduler subclass"
         why = "write class MyScheduler(StepScheduler): with the three methods"
-        return Verdict(
-            "written", False, f"{scheduler_class!r} is not a StepScheduler subclass", why
-        )
+        return Verdict("written", False, detail, why)
     calls = (
         ("schedule_running", False, lambda s, r: s.schedule_running(SchedulerOutput(), 8)),
         ("preempt", False, lambda s, r: s.preempt(r, SchedulerOutput())),

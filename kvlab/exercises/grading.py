@@ -176,8 +176,7 @@ class BuildIt:
 
     def reveal(self) -> str:
         """kvlab's own code for what the learner writes."""
-        sources = (inspect.getsource(source) for source in self.reveal_sources())
-        return "\n".join(sources)
+        return "\n".join(inspect.getsource(source) for source in self.reveal_sources())
 
 
 CHAT_QUESTIONS = ("What is a KV cache?", "Name a prime number.", "Say hello.", "Count to 3.")

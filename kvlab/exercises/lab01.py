@@ -8,8 +8,6 @@ from kvlab.exercises.base import Exercise, Mistake, register
 from kvlab.measure.padded_batch import padded_cache_slots
 from kvlab.memory import GIB, preset
 
-_LLAMA3_QUERY_HEADS = 32  # num_attention_heads in Llama-3-8B's config.json
-
 
 def _llama3(**changes) -> int:
     """Llama-3-8B's KV bytes per token, with one factor of the formula changed."""
@@ -51,7 +49,7 @@ register(
         hint="bytes per token = 2 (K and V) x layers x KV heads x head_dim x bytes.",
         mistakes=(
             Mistake(
-                lambda: _llama3(heads=_LLAMA3_QUERY_HEADS),
+                lambda: _llama3(heads=32),  # num_attention_heads in Llama-3-8B's config.json
                 "only the KV heads store keys and values: with grouped-query attention "
                 "several query heads share one KV head, so use 8, not 32.",
             ),

@@ -17,7 +17,6 @@ from kvlab.exercises.grading import Verdict, chat_prompts, engine_stopped, one_t
 from kvlab.exercises.learner_pool import LearnerPool
 
 SYSTEM = "You are a helpful assistant. Answer in one short sentence, and be precise."
-NUM_BLOCKS, BLOCK_SIZE = 64, 8
 
 
 def check_generation(pool_class, model=None, tokenizer=None) -> Verdict:
@@ -40,8 +39,8 @@ def check_generation(pool_class, model=None, tokenizer=None) -> Verdict:
                 llm = LLM(
                     model,
                     tokenizer=tokenizer,
-                    num_blocks=NUM_BLOCKS,
-                    block_size=BLOCK_SIZE,
+                    num_blocks=64,
+                    block_size=8,
                     max_num_seqs=4,
                     device="cpu",
                     clock=ManualClock(0.1),

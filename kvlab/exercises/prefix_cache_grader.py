@@ -47,7 +47,12 @@ MISCONCEPTIONS = {
     "stay in the order they were hashed, and match_prefix takes cached[hash][0], the oldest",
     "last_token": "stop one token short: the block holding the prompt's last token is always "
     "computed, because its logits pick the first output token",
+    "chained": "chain the hashes: each block's hash is hash_block_tokens(the previous block's "
+    "hash, its tokens), from ROOT_HASH, so it stands for the whole prefix: equal tokens after "
+    "a different prefix are a different block",
     "gap": "stop at the first block the cache lacks: a prefix has no gaps",
+    "first_copy": "a hash with several cached copies: take the first one cached, "
+    "cached[hash][0], the copy kvlab's lookup finds",
     "hit_dequeues": "a prefix hit on a free block takes it out of free_queue (it is held again)",
     "allocate_dequeues": "allocate takes the blocks it hands out from the front of free_queue",
     "free_at_zero": "free takes one holder away (ref_cnt - 1); a block goes back to free_queue "
@@ -78,21 +83,12 @@ MISCONCEPTIONS = {
     "raise_full": "too few free blocks raises CacheFullError (imported in cell 1), no other error",
     "refuse": "raise CacheFullError when fewer than num blocks are free",
 }
-# (a mistaken walk, as _walk's arguments; what it means), tried in order
-MATCH_MISTAKES = (
-    (
-        {"chained": False},
-        "chain the hashes: each block's hash is hash_block_tokens(the previous block's hash, "
-        "its tokens), from ROOT_HASH, so it stands for the whole prefix: equal tokens after a "
-        "different prefix are a different block",
-    ),
-    ({"past_a_miss": True}, MISCONCEPTIONS["gap"]),
-    (
-        {"copy_at": -1},
-        "a hash with several cached copies: take the first one cached, cached[hash][0], the "
-        "copy kvlab's lookup finds",
-    ),
-)
+# The misconception each mistaken walk (as _walk's arguments) shows, tried in order
+MATCH_MISTAKES = {
+    "chained": {"chained": False},
+    "gap": {"past_a_miss": True},
+    "first_copy": {"copy_at": -1},
+}
 
 
 def managers(make: Callable) -> tuple[BlockManager, BlockManager]:
@@ -141,13 +137,9 @@ def first_difference(make: Callable, ops: list[Op]) -> tuple[str, str, str] | No
             where += " (it did not fit: the blocks it took were freed again)"
         after = ref.block_table(op[1]) if op[1] in ref else []
         adopted = after[: expected // BLOCK_SIZE] if op[0] == "add" and expected else []
-        step = Step(
-            op,
-            where,
-            freed=before if op[0] == "free" else [],
-            adopted=adopted,
-            taken=[b for b in after if b not in before and b not in adopted],
-        )
+        freed = before if op[0] == "free" else []
+        taken = [b for b in after if b not in before and b not in adopted]
+        step = Step(op, where, freed, adopted, taken)
         failure = _compare(mine, ref, got, expected, why, step)
         if failure is not None:
             return failure
@@ -216,9 +208,9 @@ def _wrong_match(make: Callable, mine, ref, prompt) -> str:
         return ""
     if len(blocks) * BLOCK_SIZE >= len(ids):
         return MISCONCEPTIONS["last_token"]
-    for mistake, message in MATCH_MISTAKES:
+    for key, mistake in MATCH_MISTAKES.items():
         if blocks == _walk(ref.pool, BLOCK_SIZE, ids, **mistake):
-            return message
+            return MISCONCEPTIONS[key]
     sizes = _sizes_it_matches(make)
     if sizes and BLOCK_SIZE not in sizes:
         return (
@@ -279,24 +271,20 @@ def _queue_failure(pool, ref_pool: BlockPool, step: Step):
     if mine == theirs:
         return None
     detail = f"after {step.where}: free_queue is {mine}, expected {theirs}"
-    return "lru", detail, _wrong_queue(pool, ref_pool, step, mine, theirs)
-
-
-def _wrong_queue(pool, ref_pool: BlockPool, step: Step, mine: list, theirs: list) -> str:
     extra, missing = set(mine) - set(theirs), set(theirs) - set(mine)
+    why = ""
     if extra & set(step.adopted):
-        return MISCONCEPTIONS["hit_dequeues"]
-    if extra & set(step.taken):
-        return MISCONCEPTIONS["allocate_dequeues"]
-    if any(pool.ref_cnt[b] == 0 < ref_pool.ref_cnt[b] for b in extra):
-        return MISCONCEPTIONS["free_at_zero"]
-    if extra or missing:
-        return ""
-    for block in step.freed:
-        if block in theirs and mine.index(block) != theirs.index(block):
-            plain = ref_pool.block_hash[block] is None
-            return MISCONCEPTIONS["plain_front" if plain else "hashed_back"]
-    return ""
+        why = MISCONCEPTIONS["hit_dequeues"]
+    elif extra & set(step.taken):
+        why = MISCONCEPTIONS["allocate_dequeues"]
+    elif any(pool.ref_cnt[b] == 0 < ref_pool.ref_cnt[b] for b in extra):
+        why = MISCONCEPTIONS["free_at_zero"]
+    elif not extra and not missing:  # the same blocks in another order: where a freed one went
+        moved = [b for b in step.freed if b in theirs and mine.index(b) != theirs.index(b)]
+        if moved:
+            plain = ref_pool.block_hash[moved[0]] is None
+            why = MISCONCEPTIONS["plain_front" if plain else "hashed_back"]
+    return "lru", detail, why
 
 
 def _ref_cnt_failure(pool, ref_pool: BlockPool, step: Step):
@@ -394,8 +382,7 @@ def check_refusal(make: Callable) -> tuple[str, str, str] | None:
     try:
         call("allocate", pool.allocate, NUM_BLOCKS + 1)
     except CacheFullError:
-        after = (pool.ref_cnt, pool.block_hash, list(pool.free_queue), pool.cached)
-        if after != before:
+        if (pool.ref_cnt, pool.block_hash, list(pool.free_queue), pool.cached) != before:
             detail = f"allocate({NUM_BLOCKS + 1}) raised CacheFullError after changing the pool"
             return "refuses", detail, MISCONCEPTIONS["check_first"]
         return None

@@ -25,20 +25,7 @@ from kvlab.engine.model_free import ModelFreeRunner, bookkeeping_cache
 from kvlab.engine.sampling_params import SamplingParams
 from kvlab.engine.scheduler import Scheduler
 from kvlab.engine.scheduler_config import SchedulerConfig
-from kvlab.exercises.scheduler_rules import (
-    BLOCK_SIZE,
-    EXTRA_STEPS,
-    MAX_NUM_SEQS,
-    MISCONCEPTIONS,
-    NUM_BLOCKS,
-    TOKEN_BUDGET,
-    Failure,
-    Plan,
-    check_end,
-    check_rules,
-    compare,
-    plan_of,
-)
+from kvlab.exercises import scheduler_rules as rules
 
 Request = tuple  # (arrival step, prompt tokens, output tokens)
 
@@ -69,9 +56,11 @@ def random_trace(rng: random.Random) -> list[Request]:
 
 def engine_for(scheduler_class, trace: list[Request], on_plan=None) -> LLMEngine:
     """The model-free engine over a small pool, the trace's requests added."""
-    config = SchedulerConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET)
+    config = SchedulerConfig(
+        max_num_seqs=rules.MAX_NUM_SEQS, max_num_batched_tokens=rules.TOKEN_BUDGET
+    )
     cache = bookkeeping_cache(
-        num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, enable_prefix_caching=False
+        num_blocks=rules.NUM_BLOCKS, block_size=rules.BLOCK_SIZE, enable_prefix_caching=False
     )
     watched, clock = _watched(scheduler_class, on_plan), ManualClock(1.0)
     engine = LLMEngine(ModelFreeRunner(), cache, config, scheduler_class=watched, clock=clock)
@@ -101,31 +90,31 @@ def _watched(scheduler_class, on_plan):
     return Watched
 
 
-def _learner_failure(error: Exception, now: float) -> Failure:
+def _learner_failure(error: Exception, now: float) -> rules.Failure:
     """The failure a learner's method raising ``error`` at clock time ``now`` stands for."""
     methods = [f.name for f in traceback.extract_tb(error.__traceback__) if f.name in _CRITERION_OF]
     method = methods[-1] if methods else "schedule_running"
     what = f"at t={now:g}: {method}() raised {type(error).__name__}: {error}"
     if isinstance(error, NotImplementedError):
-        return Failure(_CRITERION_OF[method], f"at t={now:g}: {method}() is not written yet")
+        return rules.Failure(_CRITERION_OF[method], f"at t={now:g}: {method}() is not written yet")
     if isinstance(error, CacheFullError):
-        return Failure("preemption", what, "uncaught")
-    return Failure(_CRITERION_OF[method], what, "raised")
+        return rules.Failure("preemption", what, "uncaught")
+    return rules.Failure(_CRITERION_OF[method], what, "raised")
 
 
 def first_difference(make: Callable, trace: list[Request]) -> tuple[str, str, str] | None:
     """(criterion, what happened, misconception) of the first difference, or None."""
-    reference: list[Plan] = []
+    reference: list[rules.Plan] = []
     steps = [0]
 
     def on_reference(scheduler, out, before, computed, now):
-        reference.append(plan_of(scheduler, out, before))
+        reference.append(rules.plan_of(scheduler, out, before))
 
     def on_learner(scheduler, out, before, computed, now):
         steps[0] += 1
         where = f"at t={now:g}"
-        check_rules(scheduler, out, before, computed, where)
-        compare(plan_of(scheduler, out, before), reference[-1], where)
+        rules.check_rules(scheduler, out, before, computed, where)
+        rules.compare(rules.plan_of(scheduler, out, before), reference[-1], where)
 
     kvlab = engine_for(Scheduler, trace, on_reference)
     yours = engine_for(make, trace, on_learner)
@@ -133,19 +122,16 @@ def first_difference(make: Callable, trace: list[Request]) -> tuple[str, str, st
         while kvlab.has_unfinished_requests():
             kvlab.step()
             yours.step()
-        for _ in range(EXTRA_STEPS):  # a few more chances: an idle step, a late finish
+        for _ in range(rules.EXTRA_STEPS):  # a few more chances: an idle step, a late finish
             if not yours.has_unfinished_requests():
                 break
             yours.step()
-    except Failure as failure:
+    except rules.Failure as failure:
         return failure.args
     except Exception as error:  # noqa: BLE001 - the engine refused the learner's plan
-        return (
-            "finishes",
-            f"after {steps[0]} steps, the engine stopped: {type(error).__name__}: {error}",
-            MISCONCEPTIONS["leak"],
-        )
-    return check_end(yours, steps[0])
+        detail = f"after {steps[0]} steps, the engine stopped: {type(error).__name__}: {error}"
+        return rules.Failure("finishes", detail, "leak").args
+    return rules.check_end(yours, steps[0])
 
 
 def candidates(trace: list[Request]):

@@ -82,10 +82,6 @@ class Plan:
     running_after: list[int]
 
 
-def name(seq_id: int) -> str:
-    return f"r{seq_id}"
-
-
 def tokens(n: int) -> str:
     return plural(n, "token")
 
@@ -107,10 +103,10 @@ def check_rules(scheduler, out, before: dict[int, int], computed: dict[int, int]
     seq_ids = [r.seq_id for r in out.requests]
     if len(set(seq_ids)) != len(seq_ids):
         twice = next(s for s in seq_ids if seq_ids.count(s) > 1)
-        raise Failure("running_first", f"{where}: {name(twice)} is in the step twice", "skipped")
+        raise Failure("running_first", f"{where}: r{twice} is in the step twice", "skipped")
     for request, num_new in zip(out.requests, out.num_new_tokens, strict=True):
         if num_new < 1:
-            detail = f"{where}: {name(request.seq_id)} is given {tokens(num_new)}"
+            detail = f"{where}: r{request.seq_id} is given {tokens(num_new)}"
             raise Failure("token_budget", detail, "zero")
     newest = list(before)[-len(out.preempted) :] if out.preempted else []
     for victim in out.preempted:
@@ -122,21 +118,19 @@ def check_rules(scheduler, out, before: dict[int, int], computed: dict[int, int]
         if held != request.num_computed_tokens + num_new:
             prefill = request in out.admitted or num_new > 1
             detail = (
-                f"{where}: {name(request.seq_id)} is to compute {tokens(num_new)} after its "
+                f"{where}: r{request.seq_id} is to compute {tokens(num_new)} after its "
                 f"{request.num_computed_tokens} computed ones, but holds slots for {held}"
             )
             raise Failure("chunked_prefill" if prefill else "running_first", detail, "chunk")
     if out.num_tokens > TOKEN_BUDGET:
-        rows = ", ".join(
-            f"{name(s)}: {n}" for s, n in zip(seq_ids, out.num_new_tokens, strict=True)
-        )
+        rows = ", ".join(f"r{s}: {n}" for s, n in zip(seq_ids, out.num_new_tokens, strict=True))
         detail = (
             f"{where} the step computes {out.num_tokens} tokens ({rows}) "
             f"with max_num_batched_tokens={TOKEN_BUDGET}"
         )
         raise Failure("token_budget", detail, "budget")
     if len(scheduler.running) > MAX_NUM_SEQS:
-        running = ", ".join(name(r.seq_id) for r in scheduler.running)
+        running = ", ".join(f"r{r.seq_id}" for r in scheduler.running)
         detail = f"{where}: {len(scheduler.running)} requests run ({running})"
         raise Failure("max_num_seqs", f"{detail} with max_num_seqs={MAX_NUM_SEQS}", "seats")
 
@@ -147,7 +141,7 @@ def _check_started(scheduler, before: dict[int, int], where: str) -> None:
     for request in scheduler.running:
         if request.seq_id not in before and request.status is not RequestStatus.RUNNING:
             detail = (
-                f"{where}: {name(request.seq_id)} was started (it is in self.running) with "
+                f"{where}: r{request.seq_id} was started (it is in self.running) with "
                 f"status {request.status.name}"
             )
             raise Failure("fcfs_admission", detail, "status")
@@ -164,7 +158,7 @@ def _check_counts_untouched(out, computed: dict[int, int], where: str) -> None:
             continue
         method = "admit_waiting" if admitted else "schedule_running"
         detail = (
-            f"{where}: {method} changed {name(request.seq_id)}'s num_computed_tokens from "
+            f"{where}: {method} changed r{request.seq_id}'s num_computed_tokens from "
             f"{was} to {request.num_computed_tokens}"
         )
         raise Failure("fcfs_admission" if admitted else "running_first", detail, "advanced")
@@ -173,7 +167,7 @@ def _check_counts_untouched(out, computed: dict[int, int], where: str) -> None:
 def _check_preempted(scheduler, out, victim, was_newest: bool, where: str) -> None:
     """A preempted request's state; ``was_newest``: it was among the newest running ones
     (the right victims), so computing it anyway means it was not skipped."""
-    who = f"{where}: {name(victim.seq_id)} was preempted"
+    who = f"{where}: r{victim.seq_id} was preempted"
     if victim in out.requests:
         why = "skip" if was_newest else "victim"
         raise Failure("preemption", f"{who} and still computes in the same step", why)
@@ -200,7 +194,7 @@ def compare(mine: Plan, ref: Plan, where: str) -> None:
         if got == want:
             continue
         detail = (
-            f"{where}: {name(seq_id)}, running with {tokens(left)} to compute, is given "
+            f"{where}: r{seq_id}, running with {tokens(left)} to compute, is given "
             f"{tokens(got)}; kvlab gives it {want}"
         )
         if mine.preempted and got == 0:
@@ -215,7 +209,7 @@ def compare(mine: Plan, ref: Plan, where: str) -> None:
     for seq_id in ref.admitted:
         if mine.rows.get(seq_id) != ref.rows[seq_id]:
             detail = (
-                f"{where}: {name(seq_id)} starts with {mine.rows.get(seq_id)} tokens; "
+                f"{where}: r{seq_id} starts with {mine.rows.get(seq_id)} tokens; "
                 f"kvlab gives it {ref.rows[seq_id]}"
             )
             raise Failure("chunked_prefill", detail, "chunk")
@@ -261,4 +255,4 @@ def check_end(engine, num_steps: int):
 
 
 def _names(seq_ids: list[int]) -> str:
-    return "[" + ", ".join(name(s) for s in seq_ids) + "]" if seq_ids else "nobody"
+    return "[" + ", ".join(f"r{s}" for s in seq_ids) + "]" if seq_ids else "nobody"

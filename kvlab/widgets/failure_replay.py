@@ -25,8 +25,6 @@ from kvlab.widgets.page_map_state import encode_blocks
 from kvlab.widgets.step_view import PoolSnapshot, StepView
 from kvlab.widgets.svg import with_static_copy
 
-REPLAYED = (ARENA, PREFIX_CACHE, BLOCK_MANAGER)  # each told by the method its replay asks
-
 
 def replay_failure(learner_class, num_sequences: int = 300, seed: int = 0) -> FailureReplay:
     """The shortest failing case of a learner's arena (lab 02), block manager (lab 03) or
@@ -40,12 +38,8 @@ def replay_failure(learner_class, num_sequences: int = 300, seed: int = 0) -> Fa
     failures, cases = build_it.search.failures(learner_class, num_sequences, seed)
     broken = next((c for c in build_it.criteria if c in failures), None)
     if broken is None:
-        return FailureReplay(
-            [
-                "Nothing to replay: every property holds (the check's last criterion runs the "
-                "engine)."
-            ]
-        )
+        why = "the check's last criterion runs the engine"
+        return FailureReplay([f"Nothing to replay: every property holds ({why})."])
     detail, misconception = failures[broken]
     likely = [f"likely: {misconception}"] if misconception else []  # none when no guess fits
     criterion = build_it.criteria[broken]
@@ -63,10 +57,9 @@ def replay_failure(learner_class, num_sequences: int = 300, seed: int = 0) -> Fa
 
 
 class FailureReplay(widgets.VBox):
-    """The verdict and the calls, in words, above a ``StepView`` of the learner's pool; its
-    static copy (GitHub, nbviewer) is the same words and the calls animated, one by one, up
-    to the broken one.
-    Without a view (nothing to replay) it is just its words."""
+    """The verdict and the calls, in words, above a ``StepView`` of the learner's pool (none
+    when there is nothing to replay); its static copy (GitHub, nbviewer) is the same words
+    and the calls animated, one by one, up to the broken one."""
 
     def __init__(self, lines: list[str], view: StepView | None = None) -> None:
         self.lines, self.view = lines, view
@@ -85,7 +78,7 @@ class FailureReplay(widgets.VBox):
 
 def _build_it_of(learner_class) -> BuildIt:
     """The build-it a class answers, by the methods its exercise asks for."""
-    for build_it in REPLAYED:
+    for build_it in (ARENA, PREFIX_CACHE, BLOCK_MANAGER):
         if hasattr(learner_class, build_it.replay.asks):
             return build_it
     raise TypeError(
