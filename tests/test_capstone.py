@@ -279,3 +279,21 @@ def test_vllm_timed_says_how_to_build_a_missing_side_environment(monkeypatch, wo
     monkeypatch.setenv("KVLAB_VLLM_PYTHON", "/nonexistent/python")
     with pytest.raises(VLLMUnavailable, match="make vllm-env"):
         vllm_timed(workload, max_num_seqs=4, max_num_batched_tokens=256)
+
+
+def test_bench_prints_the_floor_under_kvlab_against_generate_batch(capsys):
+    """``bench --matmul-floor``: the table, token-identical runs, then the profiled run's
+    multiplies and what an engine doing only them would serve against generate_batch."""
+    import re
+
+    from kvlab.measure import bench
+
+    skip = ["hf-one-at-a-time", "hf-static-padded", "kvlab-static", "kvlab-dynamic"]
+    bench.main(["--model", "tiny", "--num-requests", "3", "--max-tokens", "4",
+                "--max-prompt-len", "16", "--matmul-floor", "--skip", *skip])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "token-identical across all" in printed
+    floor = re.search(r"multiplies alone: ([\d.]+) s of a ([\d.]+) s run .* would be ([\d.]+)x "
+                      r"hf-generate-batch", printed)  # fmt: skip
+    assert floor and float(floor.group(1)) <= float(floor.group(2))  # tiny: milliseconds
+    assert float(floor.group(3)) > 0

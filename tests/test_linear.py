@@ -61,11 +61,14 @@ def test_onednn_where_it_cannot_apply_is_refused():
 
 
 def test_decode_step_benchmark_times_every_method():
-    from kvlab.measure.decode_step import METHODS, decode_step_times
+    """Every method, and the custom ops' step where they build."""
+    from kvlab.measure.decode_step import CUSTOM_OPS, METHODS, decode_step_times
+    from kvlab.model import custom_ops
 
     model, _ = load_model("tiny", device="cpu")
     times = decode_step_times(model, batch_size=3, context=9, rounds=2, block_size=4)
-    assert set(times) == set(METHODS) and all(t > 0 for t in times.values())
+    custom = {CUSTOM_OPS} if custom_ops.available() else set()
+    assert set(times) == {*METHODS, *custom} and all(t > 0 for t in times.values())
 
 
 def test_decode_step_by_part_times_each_part_and_leaves_the_rest_to_the_step():

@@ -1,47 +1,21 @@
-"""Build, load and call the C paged decode kernel (``paged_decode_cpu.c``).
+"""Call the C paged decode kernel (``paged_decode_cpu.c``) on torch tensors.
 
-The kernel is plain C with no dependency on torch's headers, so the machine's C compiler
-builds it in well under a second, the first time it is needed. The library is kept in
-``~/.cache/kvlab/native`` (``kvlab.env.cache_dir``), named after the source, the compiler
-flags and this CPU's features (``-march=native`` code must not run on another CPU). It is
-called through ``ctypes`` with the tensors' data pointers: no copies, one call per layer.
-
-Compiled with ``-ffast-math`` (vector ``expf``) but linked without it: GCC links a
-``-ffast-math`` shared library with start-up code that makes the whole process flush tiny
-floats to zero, torch included (``tests/test_cpu_attention.py`` checks it does not).
-
-Threads: the kernel parallelizes over (sequence, kv head) with OpenMP, as many threads as
-``torch.get_num_threads()``. Built by GCC it links ``libgomp.so.1``, which torch's Linux
-wheels have already loaded, so both share one OpenMP runtime.
-
-Not handled: compilers other than a ``cc``/``gcc``/``clang`` that takes GCC's flags (an
-Apple clang without OpenMP builds a one-thread kernel), Windows.
+The kernel is built on first use by the machine's C compiler (``kvlab.native``) and called
+through ``ctypes`` with the tensors' data pointers: no copies, one call per layer. It
+parallelizes over (sequence, kv head), as many threads as ``torch.get_num_threads()``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from kvlab.env import cache_dir
+from kvlab.native import NativeLibrary
 
-SOURCE = Path(__file__).with_name("paged_decode_cpu.c")
-COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC"]
-LINK_FLAGS = ["-shared"]
 # The C file's fixed buffers (its #defines; a test checks they agree).
 MAX_GROUP, MAX_BLOCK, MAX_HEAD_DIM = 16, 256, 256
-
-
-class KernelUnavailable(RuntimeError):
-    """The C kernel cannot be built here; the message says why and what to use instead."""
 
 
 def paged_decode_attention_cpu(
@@ -71,7 +45,7 @@ def paged_decode_attention_cpu(
     query = query.contiguous()
     out = torch.empty_like(query)
     bad_seq = ctypes.c_int64(-1)
-    failed = _library().paged_decode_attention(
+    failed = LIBRARY.load().paged_decode_attention(
         out.data_ptr(), query.data_ptr(), kv[0].data_ptr(), kv[1].data_ptr(),
         block_ids.data_ptr(), seq_lens.data_ptr(),
         num_seqs, num_heads, kv.shape[-2], head_dim, block_size, block_ids.shape[1],
@@ -95,11 +69,7 @@ def _table_error(code: int, i: int, block_ids, seq_lens, kv, block_size) -> str:
 
 def available() -> bool:
     """Whether the kernel is built, or can be, on this machine (builds it if needed)."""
-    try:
-        _library()
-    except KernelUnavailable:
-        return False
-    return True
+    return LIBRARY.available()
 
 
 def _check(query, kv, block_ids, seq_lens, block_size) -> None:
@@ -149,96 +119,16 @@ def _check(query, kv, block_ids, seq_lens, block_size) -> None:
         )
 
 
-_loaded: ctypes.CDLL | KernelUnavailable | None = None  # the library, or why it is not
-
-
-def _library() -> ctypes.CDLL:
-    """The loaded kernel: built on first use; a build that failed is not tried again."""
-    global _loaded
-    if _loaded is None:
-        try:
-            _loaded = _load(_build())
-        except KernelUnavailable as error:
-            _loaded = error
-        except (OSError, subprocess.SubprocessError) as error:  # unwritable cache, bad $CC...
-            _loaded = KernelUnavailable(f"the C kernel cannot be built or loaded here: {error}")
-    if isinstance(_loaded, KernelUnavailable):
-        raise _loaded
-    return _loaded
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    library = ctypes.CDLL(str(path))
+def _declare(library: ctypes.CDLL) -> None:
     function = library.paged_decode_attention
     function.restype = ctypes.c_int
     pointers, sizes = [ctypes.c_void_p] * 6, [ctypes.c_int64] * 7
     function.argtypes = pointers + sizes + [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
-    return library
 
 
-def _build() -> Path:
-    """The compiled library, built on first use: with OpenMP if the compiler has it.
-
-    Compiled and linked in two steps, so that ``-ffast-math`` stays out of the link.
-    """
-    compiler = os.environ.get("CC") or next(
-        (found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None
-    )
-    if compiler is None:
-        raise KernelUnavailable(
-            "attention_backend='cpu' compiles a small C kernel on first use, and no C "
-            "compiler (cc, gcc or clang, or $CC) is on PATH. Install one (Debian: apt-get "
-            "install gcc) or use attention_backend='sdpa'."
-        )
-    identity = SOURCE.read_bytes() + _compiler_version(compiler) + _cpu_features()
-    targets = []
-    for openmp in (["-fopenmp"], []):
-        flags = [*COMPILE_FLAGS, *openmp, "|", *LINK_FLAGS, *openmp]
-        key = hashlib.sha256(identity + " ".join(flags).encode()).hexdigest()[:16]
-        targets.append((openmp, _cache_dir() / f"paged_decode_cpu-{key}.so"))
-    for _, target in targets:
-        if target.exists():
-            return target
-    errors = []
-    for openmp, target in targets:
-        # Built beside its final name, then renamed: two processes may build at once.
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            obj, built = Path(scratch) / "kernel.o", Path(scratch) / target.name
-            steps = (
-                [compiler, *COMPILE_FLAGS, *openmp, "-c", str(SOURCE), "-o", str(obj)],
-                [compiler, *LINK_FLAGS, *openmp, str(obj), "-o", str(built), "-lm"],
-            )
-            for step in steps:
-                done = subprocess.run(step, capture_output=True, text=True, timeout=300)
-                if done.returncode != 0:
-                    errors.append(done.stderr.strip())
-                    break
-            else:
-                os.replace(built, target)
-                return target
-    raise KernelUnavailable(
-        f"{compiler} could not build {SOURCE.name}:\n{errors[-1]}\nUse attention_backend='sdpa'."
-    )
-
-
-def _compiler_version(compiler: str) -> bytes:
-    done = subprocess.run([compiler, "--version"], capture_output=True, timeout=60)
-    return done.stdout
-
-
-def _cache_dir() -> Path:
-    directory = cache_dir() / "native"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
-def _cpu_features() -> bytes:
-    """What ``-march=native`` depends on: the CPU's model and feature flags."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        # x86 names its CPU and features "model name" and "flags"; Arm "CPU part", "Features".
-        keys = ("model name", "flags", "CPU implementer", "CPU part", "Features")
-        wanted = sorted({line for line in lines if line.startswith(keys)})
-        return "\n".join(wanted).encode()
-    except OSError:
-        return platform.processor().encode() + platform.machine().encode()
+LIBRARY = NativeLibrary(
+    Path(__file__).with_name("paged_decode_cpu.c"),
+    _declare,
+    option="attention_backend='cpu'",
+    instead="attention_backend='sdpa'",
+)

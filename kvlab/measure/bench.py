@@ -11,7 +11,9 @@ lengths (``kvlab.measure.workload``, scaled down to a small model) goes through
                        same KV blocks, seats and token budget as kvlab
     kvlab-static, kvlab-dynamic, kvlab-continuous   ``kvlab.LLM`` with each policy, and
                        its fastest attention backend here (``kvlab.attention.fastest_backend``:
-                       the C kernel on a CPU where it builds) unless --attention-backend says
+                       the C kernel on a CPU where it builds) unless --attention-backend says,
+                       and its C custom ops where they build (``kvlab.model.custom_ops``)
+                       unless --no-custom-ops
     kvlab-continuous-sdpa   the same with the SDPA backend, when that is not already it
 
 with the same model, device, threads and greedy decoding (EOS ignored, so every request
@@ -22,6 +24,11 @@ of the held KV memory held tokens (KV utilization).
 
     python -m kvlab.measure.bench --num-requests 16 --max-tokens 32   # a few minutes on a CPU
     python -m kvlab.measure.bench --threads 1 --repeat 2              # steadier when shared
+    python -m kvlab.measure.bench --threads 1 --matmul-floor          # and the floor under kvlab
+
+``--matmul-floor`` profiles one more kvlab-continuous run and sums the time inside its
+matrix multiplies (``kvlab.measure.matmul_floor``): an engine that did nothing else could
+not be faster than that against hf-generate-batch.
 
 The engine's own cost per step, with no model, is ``kvlab.measure.engine_overhead``.
 
@@ -44,7 +51,9 @@ from kvlab.measure.hf_baselines import (
     run_hf_one_at_a_time,
     run_hf_static_padded,
 )
+from kvlab.measure.matmul_floor import matmul_floor
 from kvlab.measure.workload import Result, Workload, make_workload
+from kvlab.model import custom_ops
 
 # ---- kvlab's runs --------------------------------------------------------------------------
 
@@ -65,6 +74,11 @@ def run_kvlab(
         max_num_batched_tokens=args.max_num_batched_tokens,
         batch_timeout=args.batch_timeout,
         attention_backend=backend or args.attention_backend or fastest_backend(model.device),
+        custom_ops=(
+            custom_ops.benchmark_default(model.device)
+            if args.custom_ops is None
+            else args.custom_ops
+        ),
     )
     seconds, outputs = timed_generate(llm, workload)
     summary = llm.metrics.summary()
@@ -195,6 +209,29 @@ def run_end_to_end(args) -> None:
             print("\n".join(problems[:20]))
         else:
             print(f"greedy outputs are token-identical across all {len(results)} methods")
+    if args.matmul_floor:
+        print(_floor_line(model, workload, num_blocks, args, results))
+
+
+def _floor_line(model, workload: Workload, num_blocks: int, args, results: list[Result]) -> str:
+    """One more kvlab-continuous run, profiled: the time inside its matrix multiplies, and
+    the most an engine doing only those could serve against hf-generate-batch."""
+
+    def run() -> float:
+        return run_kvlab(model, workload, "continuous", num_blocks, args).seconds
+
+    floor = matmul_floor(run)
+    line = (
+        f"kvlab-continuous's matrix multiplies alone: {floor.matmul_seconds:.2f} s of a "
+        f"{floor.run_seconds:.2f} s run under the profiler ({floor.share:.0%})"
+    )
+    batch = next((r for r in results if r.name == "hf-generate-batch"), None)
+    if batch is not None:
+        line += (
+            f"; an engine doing only them would be {batch.seconds / floor.matmul_seconds:.2f}x "
+            "hf-generate-batch"
+        )
+    return line
 
 
 # ---- command line --------------------------------------------------------------------------
@@ -220,6 +257,17 @@ def parse_args(argv=None):
         "--attention-backend",
         default=None,
         help="kvlab's; default: 'cpu' on a CPU where its C kernel builds, else 'sdpa'",
+    )
+    parser.add_argument(
+        "--custom-ops",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="kvlab's LLM(custom_ops=...); default: on where the C custom ops build",
+    )
+    parser.add_argument(
+        "--matmul-floor",
+        action="store_true",
+        help="also profile one kvlab-continuous run: the time of its matrix multiplies alone",
     )
     parser.add_argument("--skip", nargs="*", default=[], help="method names to leave out")
     parser.add_argument("--repeat", type=int, default=1, help="runs per method; the fastest counts")

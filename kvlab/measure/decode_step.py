@@ -11,6 +11,8 @@ benchmark times, in interleaved rounds at each batch size:
                        here ("cpu", the C kernel, where it builds; else "sdpa"): fused
                        q|k|v and gate|up matrices, laid out for oneDNN where it applies
     kvlab sdpa         the same with the SDPA backend (K/V gathered, then one SDPA call)
+    kvlab custom ops   kvlab's step with its norms, residual adds, SiLU-and-multiply and rotary
+                       embedding as three C calls (``kvlab.model.custom_ops``), where they build
     kvlab row-major    the SDPA step with the fused matrices kept row-major (``onednn=False``)
     matmuls only       kvlab's matrix multiplies of the step alone, nothing else: the floor
                        for any engine that does these multiplies in float32 (vLLM on a CPU
@@ -19,9 +21,12 @@ benchmark times, in interleaved rounds at each batch size:
     kvlab compiled     with ``--compile``: kvlab's step with the work between attention
                        calls compiled by torch.compile (``kvlab.model.compiled``)
 
-and prints milliseconds per step (the median of the rounds), ``bare / kvlab`` (1.0 means
+and prints milliseconds per step (the median of the rounds; each round starts one method
+further on, so that none always follows the same one), ``bare / kvlab`` (1.0 means
 kvlab's step, context and all, costs what the bare forward costs) and ``matmuls / kvlab``
-(the share of kvlab's step that is matrix multiplies; the rest is what an engine adds).
+(the share of kvlab's step that is matrix multiplies; the rest is what an engine adds),
+and with custom ops ``custom / kvlab`` (below 1.0: the custom ops' step is faster) and
+``matmuls / custom``.
 
     python -m kvlab.measure.decode_step --threads 1
     python -m kvlab.measure.decode_step --batch-sizes 32 64 --context 256
@@ -33,7 +38,7 @@ kvlab's step, context and all, costs what the bare forward costs) and ``matmuls 
 took beyond kvlab's (the first batch size compiles; later ones reuse the graphs, whose
 token dimension is dynamic, and show about 0).
 
-``--by-part`` also splits kvlab's step at each batch size into the parts an engine does
+``--by-part`` also splits kvlab's eager step at each batch size into the parts an engine does
 besides its matrix multiplies, each timed alone on the step's own shapes in the same
 interleaved rounds (``decode_step_parts``):
 
@@ -84,13 +89,15 @@ from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
 from kvlab.measure.engine_overhead import time_calls
 from kvlab.memory import KVSpec
+from kvlab.model import custom_ops
 from kvlab.model import runner as runner_module
+from kvlab.model.custom_ops import CustomOpsRunner
 from kvlab.model.linear import FusedLinear
 from kvlab.model.loading import load_model
 from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
 METHODS = ("kvlab", "kvlab sdpa", "kvlab row-major", "matmuls only", "bare forward")
-COMPILED = "kvlab compiled"
+CUSTOM_OPS, COMPILED = "kvlab custom ops", "kvlab compiled"
 IN_STEP = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "rest")
 PARTS = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "activation",
          "residual")  # fmt: skip
@@ -104,21 +111,24 @@ def decode_step_times(
     block_size: int = 16,
     compiled: bool = False,
 ) -> dict[str, float]:
-    """Median seconds of one decode step of ``batch_size`` sequences, by method; with
-    ``compiled``, also ``COMPILED`` and "compile": how much longer the compiled runner's
-    first forward (a prefill of ``context`` tokens per sequence) took than kvlab's, the
-    compile where no earlier runner in this process compiled these graphs."""
+    """Median seconds of one decode step of ``batch_size`` sequences, by method: ``METHODS``,
+    ``CUSTOM_OPS`` where the custom ops build; with ``compiled``, also ``COMPILED`` and
+    "compile": how much longer the compiled runner's first forward (a prefill of
+    ``context`` tokens per sequence) took than kvlab's, the compile where no earlier runner
+    in this process compiled these graphs."""
     backend = fastest_backend(model.device)
     runners = {
         "kvlab": ModelRunner(model, attention=backend),
         "kvlab sdpa": ModelRunner(model, attention="sdpa"),
         "kvlab row-major": ModelRunner(model, attention="sdpa", onednn=False),
     }
+    if custom_ops.benchmark_default(model.device):
+        runners[CUSTOM_OPS] = CustomOpsRunner(model, attention=backend)
     if compiled:
         from kvlab.model.compiled import CompiledRunner  # registers a torch op when imported
 
         runners[COMPILED] = CompiledRunner(model, attention=backend)
-    methods = METHODS + ((COMPILED,) if compiled else ())
+    methods = METHODS + tuple(name for name in (CUSTOM_OPS, COMPILED) if name in runners)
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     caches, first_step = {}, {}
@@ -144,8 +154,11 @@ def decode_step_times(
     seconds: dict[str, list[float]] = {name: [] for name in methods}
     for step in steps.values():
         step()  # warm up
-    for _ in range(rounds):
-        for name in methods:
+    for round_ in range(rounds):
+        # Each round starts one method further on: what runs just before a step (a
+        # transformers forward over other weights, say) changes what its caches hold.
+        turn = round_ % len(methods)
+        for name in methods[turn:] + methods[:turn]:
             start = time.perf_counter()
             steps[name]()
             seconds[name].append(time.perf_counter() - start)
@@ -378,19 +391,22 @@ def main(argv=None) -> None:
     print(f"{args.model}, float32, {torch.get_num_threads()} threads, {args.context} tokens of "
           f"context per sequence; ms per decode step, median of {args.rounds} rounds")  # fmt: skip
     print(f"kvlab's attention backend: {fastest_backend(model.device)}")
-    methods = METHODS + ((COMPILED,) if args.compile else ())
-    ratios = ("bare / kvlab", "matmuls / kvlab")
-    ratios += ("compiled / kvlab", "matmuls / compiled", "compile s") if args.compile else ()
-    width = 19 if args.compile else 16  # the compiled columns' names are longer
-    print(f"{'batch':>5}" + "".join(f"{name:>{width}}" for name in methods + ratios))
+    methods = METHODS + ((CUSTOM_OPS,) if custom_ops.benchmark_default(model.device) else ())
+    methods += (COMPILED,) if args.compile else ()
+    ratios = ["bare / kvlab", "matmuls / kvlab"]
+    for name, short in ((CUSTOM_OPS, "custom"), (COMPILED, "compiled")):
+        ratios += [f"{short} / kvlab", f"matmuls / {short}"] if name in methods else []
+    ratios += ["compile s"] if args.compile else []
+    width = 19 if args.compile else 17  # the ratios' names are longer than the methods'
+    print(f"{'batch':>5}" + "".join(f"{name:>{width}}" for name in methods + tuple(ratios)))
     for batch_size in args.batch_sizes:
         times = decode_step_times(
             model, batch_size, args.context, args.rounds, compiled=args.compile
         )
         kvlab, matmuls = times["kvlab"], times["matmuls only"]
         shares = [times["bare forward"] / kvlab, matmuls / kvlab]
-        if args.compile:
-            shares += [times[COMPILED] / kvlab, matmuls / times[COMPILED]]
+        for name in (CUSTOM_OPS, COMPILED):
+            shares += [times[name] / kvlab, matmuls / times[name]] if name in methods else []
         row = "".join(f"{times[name] * 1e3:>{width}.1f}" for name in methods)
         row += "".join(f"{share:>{width}.2f}" for share in shares)
         row += f"{times['compile']:>{width}.1f}" if args.compile else ""

@@ -10,8 +10,9 @@ seeded workload with the same settings:
 
     max_num_seqs, block_size (vLLM's CPU attention needs a multiple of 32), the token
     budget, prefix caching, float32, greedy, EOS ignored (every request makes exactly its
-    output length), SmolLM2-135M; each with its own CPU attention kernel (kvlab's is
-    ``attention_backend="cpu"`` where the machine's C compiler builds it)
+    output length), SmolLM2-135M; each with its own CPU attention kernel and custom ops
+    (kvlab's are ``attention_backend="cpu"`` and ``custom_ops=True`` where the machine's
+    C compiler builds them)
 
 and prints the tokens/s of each, their ratio, how many requests came out token-identical,
 and vLLM's own counters beside kvlab's. It exits with status 1 if any request differs.
@@ -42,6 +43,7 @@ from kvlab.measure.hf_baselines import run_hf_generate_batch, run_hf_one_at_a_ti
 from kvlab.measure.matmul_floor import matmul_floor
 from kvlab.measure.vllm_runner import VLLMUnavailable, run_vllm, vllm_python
 from kvlab.measure.workload import Workload, make_workload
+from kvlab.model import custom_ops
 from kvlab.model.loading import load_model
 
 
@@ -61,6 +63,7 @@ def run_kvlab(model, workload: Workload, settings: dict) -> tuple[float, list[li
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         enable_prefix_caching=settings["enable_prefix_caching"],
         attention_backend=settings.get("attention_backend", "sdpa"),
+        custom_ops=settings.get("custom_ops", False),
     )
     seconds, tokens = timed_generate(llm, workload)
     summary = llm.metrics.summary()
@@ -112,6 +115,12 @@ def main(argv=None) -> int:
         default=None,
         help="kvlab's; default: 'cpu' where its C kernel builds, else 'sdpa'",
     )
+    parser.add_argument(
+        "--custom-ops",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="kvlab's LLM(custom_ops=...); default: on where the C custom ops build",
+    )
     args = parser.parse_args(argv)
     try:
         python = vllm_python()
@@ -133,6 +142,9 @@ def main(argv=None) -> int:
         max_model_len=2048,
         memory_utilization=args.memory_utilization,
         attention_backend=args.attention_backend or fastest_backend("cpu"),
+        custom_ops=custom_ops.benchmark_default("cpu")
+        if args.custom_ops is None
+        else args.custom_ops,
     )
     rows, vllm = _serve_rounds(python, model, workload, settings, args)
     if args.hf:
@@ -165,7 +177,8 @@ def _serve_rounds(python, model, workload, settings, args) -> tuple[list[Row], d
     """kvlab and vLLM (and vLLM on ``args.vllm_cores``), alternating round by round so all
     see the same load; the rows, and vLLM's last result (version, counters)."""
     threads = torch.get_num_threads()
-    kvlab = Row(f"kvlab ({settings['attention_backend']})", threads, [], [])
+    ops = ", custom ops" if settings.get("custom_ops") else ""
+    kvlab = Row(f"kvlab ({settings['attention_backend']}{ops})", threads, [], [])
     vllm_default = Row("vLLM", None, [], [])
     rows = [kvlab, vllm_default]
     if args.vllm_cores:
@@ -213,14 +226,14 @@ def format_rows(rows: list[Row], num_tokens: int) -> str:
     vllm = rows[1]
     rate = {row.engine: num_tokens / min(row.seconds) for row in rows}
     lines = [
-        f"{'engine':<22}{'threads':>8}{'tokens/s':>10}{'rounds':>8}{'vs vLLM':>9}"
+        f"{'engine':<26}{'threads':>8}{'tokens/s':>10}{'rounds':>8}{'vs vLLM':>9}"
         f"{'same tokens as vLLM':>21}"
     ]
     for row in rows:
         same = sum(a == b for a, b in zip(row.tokens, vllm.tokens, strict=True))
         threads = "?" if row.threads is None else str(row.threads)
         lines.append(
-            f"{row.engine:<22}{threads:>8}{rate[row.engine]:>10.1f}{len(row.seconds):>8}"
+            f"{row.engine:<26}{threads:>8}{rate[row.engine]:>10.1f}{len(row.seconds):>8}"
             f"{rate[row.engine] / rate[vllm.engine]:>8.2f}x{same:>12} of {len(vllm.tokens)}"
         )
     return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""The C custom ops (``kvlab.model.custom_ops``) against their oracles.
+
+Each op equals the eager runner's PyTorch code for it to float32 rounding; the runner
+built on them gives the eager runner's and transformers' greedy tokens, on the tiny
+models, on SmolLM2 and through ``LLM(custom_ops=True)``. Built by the machine's C compiler
+on first use; without one these tests skip (``test_native.py`` checks the message).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import random_prompts
+from test_runner import SMOLLM2_QUESTIONS, SMOLLM2_TEXTS, hf_greedy_batch
+
+from kvlab import LLM, SamplingParams
+from kvlab.attention import fastest_backend
+from kvlab.cache.paged import PagedKVCache
+from kvlab.model import custom_ops
+from kvlab.model.custom_ops import (
+    CustomOpsRunner,
+    fused_add_rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+)
+from kvlab.model.greedy import greedy_generate
+from kvlab.model.loading import chat_prompt
+from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
+
+pytestmark = pytest.mark.skipif(
+    not custom_ops.available(), reason="no C compiler could build the custom ops"
+)
+TOLERANCE = {"atol": 2e-6, "rtol": 2e-6}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 7, 64])  # 64 x 576: enough for two threads
+def test_fused_add_rms_norm_adds_then_normalizes(rows, threads):
+    generator = torch.Generator().manual_seed(rows)
+    x, residual = torch.randn(2, rows, 576, generator=generator) * 3
+    weight = torch.randn(576, generator=generator)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        summed = x + residual
+        out = fused_add_rms_norm(x, residual, weight, 1e-5)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(x, summed, atol=0, rtol=0)  # the add, in place
+    torch.testing.assert_close(out, rms_norm(summed, weight, 1e-5), **TOLERANCE)
+    alone = fused_add_rms_norm(x.clone(), None, weight, 1e-5, out=torch.empty_like(x))
+    torch.testing.assert_close(alone, rms_norm(x, weight, 1e-5), **TOLERANCE)
+
+
+def test_silu_and_mul_takes_gate_then_up():
+    generator = torch.Generator().manual_seed(0)
+    gate_up = torch.randn(5, 2 * 48, generator=generator) * 4
+    gate_up[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 0.0])  # exp overflows or vanishes
+    gate, up = gate_up.split(48, dim=-1)
+    torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, **TOLERANCE)
+
+
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_rotary_embedding_rotates_q_and_k_in_place_inside_qkv(head_dim):
+    """The q|k heads at the front of a q|k|v row: rotated; the v heads behind: untouched."""
+    generator = torch.Generator().manual_seed(head_dim)
+    rows, qk_heads, v_heads = 6, 5, 2
+    qkv = torch.randn(rows, (qk_heads + v_heads) * head_dim, generator=generator)
+    angles = torch.rand(rows, head_dim // 2, generator=generator) * 100
+    cos, sin = torch.cat([angles, angles], dim=-1).cos(), torch.cat([angles, angles], -1).sin()
+    qk = qkv[:, : qk_heads * head_dim].view(rows, qk_heads, head_dim)
+    expected, v_before = apply_rotary(qk, cos, sin), qkv[:, qk_heads * head_dim :].clone()
+    rotary_embedding(qk, cos, sin)
+    torch.testing.assert_close(qk, expected, **TOLERANCE)
+    assert torch.equal(qkv[:, qk_heads * head_dim :], v_before)
+
+
+def test_bad_inputs_name_what_is_wrong():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"weight must be a contiguous float32 CPU tensor.*\(8,\)"):
+        fused_add_rms_norm(x, None, torch.ones(9), 1e-5)
+    with pytest.raises(ValueError, match="residual must be .*float64"):
+        fused_add_rms_norm(x, x.double(), torch.ones(8), 1e-5)
+    with pytest.raises(ValueError, match="x must be .*strides"):
+        fused_add_rms_norm(x.t(), None, torch.ones(4), 1e-5)
+    with pytest.raises(ValueError, match="even width; got 7"):
+        silu_and_mul(torch.randn(3, 7))
+    with pytest.raises(ValueError, match="heads must be float32.*even head_dim.*side by side"):
+        rotary_embedding(torch.randn(2, 8, 3).transpose(1, 2), torch.ones(2, 8), torch.ones(2, 8))
+    with pytest.raises(ValueError, match=r"sin must be .*\(2, 8\)"):
+        rotary_embedding(torch.randn(2, 3, 8), torch.ones(2, 8), torch.ones(3, 8))
+
+
+def generate(runner, prompts, max_new_tokens, eos_token_id=None):
+    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=128, block_size=16)
+    return greedy_generate(runner, cache, prompts, max_new_tokens, eos_token_id=eos_token_id)
+
+
+def test_tiny_tokens_match_eager(tiny, one_thread):
+    backend = fastest_backend("cpu")
+    eager, fused = ModelRunner(tiny, backend), CustomOpsRunner(tiny, backend)
+    for lengths in ([5, 19, 2], [7]):
+        prompts = random_prompts(tiny.config.vocab_size, lengths)
+        assert generate(fused, prompts, 12) == generate(eager, prompts, 12)
+
+
+def test_smollm2_tokens_match_eager_and_transformers(smollm2, one_thread):
+    """Chat prompts stopping at EOS (the batch shrinks as answers end) and plain text."""
+    model, tokenizer = smollm2
+    backend = fastest_backend("cpu")
+    eager, fused = ModelRunner(model, backend), CustomOpsRunner(model, backend)
+    chats = [chat_prompt(tokenizer, q) for q in SMOLLM2_QUESTIONS]
+    eos = tokenizer.eos_token_id
+    answers = generate(fused, chats, 48, eos)
+    assert answers == generate(eager, chats, 48, eos)
+    assert answers == hf_greedy_batch(model, chats, 48, eos)
+    texts = [tokenizer(t)["input_ids"] for t in SMOLLM2_TEXTS]
+    continued = generate(fused, texts, 32)
+    assert continued == generate(eager, texts, 32) == hf_greedy_batch(model, texts, 32)
+
+
+def test_llm_custom_ops_serves_the_same_tokens(tiny, one_thread):
+    """Through the engine: requests join and leave the batch (three seats, five prompts)."""
+    prompts = random_prompts(tiny.config.vocab_size, [5, 9, 3, 12, 7])
+    params = SamplingParams(temperature=0, max_tokens=6)
+    runs = {}
+    for flag in (False, True):
+        llm = LLM(tiny, num_blocks=64, block_size=4, max_num_seqs=3, custom_ops=flag)
+        assert isinstance(llm.engine.runner, CustomOpsRunner) is flag
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        runs[flag] = [o.outputs[0].token_ids for o in outputs]
+    assert runs[True] == runs[False]
+
+
+def test_llm_refuses_what_custom_ops_cannot_run(tiny):
+    with pytest.raises(ValueError, match="custom_ops=1 is not allowed: use True or False"):
+        LLM(tiny, num_blocks=8, custom_ops=1)
+    with pytest.raises(ValueError, match="compile=True and custom_ops=True are not allowed"):
+        LLM(tiny, num_blocks=8, custom_ops=True, compile=True)
+    with pytest.raises(ValueError, match="float32 models on the CPU, got torch.float64"):
+        LLM("tiny", num_blocks=8, dtype=torch.float64, custom_ops=True)
