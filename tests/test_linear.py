@@ -72,11 +72,26 @@ def test_decode_step_benchmark_times_every_method():
 
 
 def test_decode_step_by_part_times_each_part_and_leaves_the_rest_to_the_step():
-    from kvlab.measure.decode_step import IN_STEP, PARTS, decode_step_parts, format_parts
+    from kvlab.measure.decode_step import (
+        CUSTOM_IN_STEP,
+        IN_STEP,
+        PARTS,
+        decode_step_parts,
+        format_parts,
+    )
+    from kvlab.model import custom_ops
 
     model, _ = load_model("tiny", device="cpu")
     times = decode_step_parts(model, batch_size=3, context=9, rounds=2, block_size=4)
     inside = {f"{name} in step" for name in IN_STEP}
+    custom = {f"{name} in custom" for name in (*CUSTOM_IN_STEP, "step")}
+    if custom_ops.available():
+        assert custom <= set(times)
+        parts = sum(times[f"{name} in custom"] for name in CUSTOM_IN_STEP)
+        assert parts == pytest.approx(times["step in custom"])
+        assert all(times[f"{name} in custom"] > 0 for name in ("matmuls", "norms and adds"))
+        assert "the custom ops' step" in format_parts(3, times, {"weights": 4, "K/V": 1})
+        times = {name: t for name, t in times.items() if name not in custom}
     assert set(times) == {"step", *PARTS, "rest", "plain read", *inside}
     assert all(times[name] > 0 for name in ("step", *PARTS, "plain read", *inside))
     assert times["rest"] == pytest.approx(times["step"] - sum(times[name] for name in PARTS))
@@ -99,9 +114,31 @@ def test_timing_parts_inside_a_step_leaves_the_runner_as_it_was():
     expected = runner.forward(ids, batch, cache)
     before = (FusedLinear.__call__, runner.attention, runner_module.rms_norm, vars(cache).copy())
     spent = _parts_in_step(runner, ids, batch, cache)
-    assert set(spent) == set(IN_STEP) and spent["matmuls"] > 0 and spent["norms"] > 0
+    assert set(spent) == {*IN_STEP, "step"} and spent["matmuls"] > 0 and spent["norms"] > 0
     after = (FusedLinear.__call__, runner.attention, runner_module.rms_norm, vars(cache).copy())
     assert after == before and "rotary" not in vars(runner)
+    torch.testing.assert_close(runner.forward(ids, batch, cache), expected, rtol=0, atol=0)
+
+
+def test_timing_the_custom_ops_inside_a_step_leaves_them_as_they_were():
+    from kvlab.cache.step import ForwardBatch
+    from kvlab.measure.decode_step import CUSTOM_IN_STEP, _parts_in_step
+    from kvlab.model import custom_ops
+
+    if not custom_ops.available():
+        pytest.skip("no C compiler could build the custom ops")
+    model, _ = load_model("tiny", device="cpu")
+    runner = custom_ops.CustomOpsRunner(model)
+    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=8, block_size=4)
+    cache.allocate_slots(0, 3)
+    batch, ids = ForwardBatch.build([0], [0], [3]), torch.tensor([5, 6, 7])
+    expected = runner.forward(ids, batch, cache)
+    ops = ("fused_add_rms_norm", "silu_and_mul", "rotary_embedding")
+    before = [getattr(custom_ops, name) for name in ops]
+    spent = _parts_in_step(runner, ids, batch, cache)
+    assert set(spent) == {*CUSTOM_IN_STEP, "step"}
+    assert all(spent[part] > 0 for part in ("norms and adds", "activation", "rotary"))
+    assert [getattr(custom_ops, name) for name in ops] == before
     torch.testing.assert_close(runner.forward(ids, batch, cache), expected, rtol=0, atol=0)
 
 

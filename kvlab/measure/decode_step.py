@@ -59,6 +59,9 @@ activation and the residual adds, not wrapped, are in ``rest`` with the views an
 The small parts cost more inside the step: each follows a multiply that has just streamed
 a layer's weights through the caches, and the code and data of every torch call come back
 from memory.
+Where the custom ops build, the table ends with the custom ops' step timed inside the same
+way, its three C calls wrapped too (each norm with the residual add before it, SiLU * up,
+the rotary embedding).
 
 Each table ends with the bytes the two largest parts read from memory: the matrix
 multiplies read every weight once (about 540 MB for SmolLM2-135M in float32, whatever the
@@ -99,6 +102,9 @@ from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 METHODS = ("kvlab", "kvlab sdpa", "kvlab row-major", "matmuls only", "bare forward")
 CUSTOM_OPS, COMPILED = "kvlab custom ops", "kvlab compiled"
 IN_STEP = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "rest")
+# The custom ops' step, timed inside: each norm with the residual add before it; SiLU * up.
+CUSTOM_IN_STEP = ("matmuls", "attention", "K/V write", "metadata", "norms and adds",
+                  "activation", "rotary", "rest")  # fmt: skip
 PARTS = ("matmuls", "attention", "K/V write", "metadata", "norms", "rotary", "activation",
          "residual")  # fmt: skip
 
@@ -173,7 +179,10 @@ def decode_step_parts(
 ) -> dict[str, float]:
     """Median seconds of kvlab's decode step ("step") and of each of its ``PARTS`` timed
     alone on the step's shapes, "rest": the step minus the parts, and "plain read": one
-    ``sum`` over a tensor as large as the weights (a rate this core can read at)."""
+    ``sum`` over a tensor as large as the weights (a rate this core can read at); then each
+    ``IN_STEP`` part inside real steps ("<part> in step") and, where the custom ops build,
+    each ``CUSTOM_IN_STEP`` part inside the custom ops' steps ("<part> in custom", and
+    "step in custom")."""
     runner = ModelRunner(model, attention=fastest_backend(model.device))
     config, generator = runner.config, torch.Generator().manual_seed(0)
     cache = _filled_cache(runner, batch_size, context, block_size, generator)
@@ -239,27 +248,40 @@ def decode_step_parts(
                 run()
                 seconds[name].append(time.perf_counter() - start)
         in_step = [_parts_in_step(runner, input_ids, batch, cache) for _ in range(rounds)]
+        if custom_ops.benchmark_default(model.device):
+            custom = CustomOpsRunner(model, attention=runner.attention)
+            in_custom = [_parts_in_step(custom, input_ids, batch, cache) for _ in range(rounds)]
     medians = {name: statistics.median(times) for name, times in seconds.items()}
     medians["rest"] = medians["step"] - sum(medians[name] for name in PARTS)
     for name in IN_STEP:
         medians[f"{name} in step"] = statistics.median(spent[name] for spent in in_step)
+    if custom_ops.benchmark_default(model.device):
+        for name in (*CUSTOM_IN_STEP, "step"):
+            medians[f"{name} in custom"] = statistics.median(spent[name] for spent in in_custom)
     return medians
 
 
 def _parts_in_step(runner, input_ids, batch, cache) -> dict[str, float]:
-    """Seconds each of the ``IN_STEP`` parts spends inside one real step: the functions the
-    runner calls for them are wrapped with a clock for that step ("rest" is the step's
-    time outside them)."""
-    spent = dict.fromkeys(IN_STEP, 0.0)
+    """Seconds each of the ``IN_STEP`` parts (``CUSTOM_IN_STEP`` for a ``CustomOpsRunner``)
+    spends inside one real step: the functions the runner calls for them are wrapped with a
+    clock for that step ("rest" is the step's time outside them; "step", all of it)."""
     wrapped = [  # (owner, attribute, part): the runner's module, class or object
         (FusedLinear, "__call__", "matmuls"),
         (runner, "attention", "attention"),
         (cache, "write", "K/V write"),
         (cache, "begin_step", "metadata"),
-        (runner_module, "rms_norm", "norms"),
         (runner, "rotary", "rotary"),
-        (runner_module, "apply_rotary", "rotary"),
     ]
+    if isinstance(runner, CustomOpsRunner):
+        spent = dict.fromkeys(CUSTOM_IN_STEP, 0.0)
+        wrapped += [
+            (custom_ops, "fused_add_rms_norm", "norms and adds"),
+            (custom_ops, "silu_and_mul", "activation"),
+            (custom_ops, "rotary_embedding", "rotary"),
+        ]
+    else:
+        spent = dict.fromkeys(IN_STEP, 0.0)
+        wrapped += [(runner_module, "rms_norm", "norms"), (runner_module, "apply_rotary", "rotary")]
     # (owner, name, what it had: its own attribute, or None for a method of its class)
     originals = [(owner, name, vars(owner).get(name)) for owner, name, _ in wrapped]
     try:
@@ -275,6 +297,7 @@ def _parts_in_step(runner, input_ids, batch, cache) -> dict[str, float]:
             else:
                 setattr(owner, name, own)
     spent["rest"] = step - sum(spent.values())
+    spent["step"] = step
     return spent
 
 
@@ -324,6 +347,12 @@ def format_parts(batch_size: int, medians: dict[str, float], read: dict[str, int
         f" {matmuls / (matmuls + medians['attention']):.2f}, and"
         f" {matmuls / (matmuls + kv / plain):.2f} if attention read at the plain pass's rate"
     )
+    if "step in custom" in medians:
+        custom = medians["step in custom"]
+        shares = ", ".join(
+            f"{name} {medians[f'{name} in custom'] / custom:.0%}" for name in CUSTOM_IN_STEP
+        )
+        lines.append(f"  the custom ops' step {1e3 * custom:.1f} ms, timed inside: {shares}")
     return "\n".join(lines)
 
 
