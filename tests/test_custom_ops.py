@@ -17,6 +17,7 @@ from test_runner import SMOLLM2_QUESTIONS, SMOLLM2_TEXTS, hf_greedy_batch
 from kvlab import LLM, SamplingParams
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
+from kvlab.cache.step import ForwardBatch
 from kvlab.model import custom_ops
 from kvlab.model.custom_ops import (
     CustomOpsRunner,
@@ -34,38 +35,43 @@ pytestmark = pytest.mark.skipif(
 TOLERANCE = {"atol": 2e-6, "rtol": 2e-6}
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.fixture(params=[1, 2], ids=["one thread", "two threads"])
+def threads(request):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("rows", [1, 7, 64])  # 64 x 576: enough for two threads
 def test_fused_add_rms_norm_adds_then_normalizes(rows, threads):
     generator = torch.Generator().manual_seed(rows)
     x, residual = torch.randn(2, rows, 576, generator=generator) * 3
+    x[0] *= 1e-3  # alone (no residual), row 0 is so small that eps weighs in its norm
+    residual[0] = -x[0]  # with the residual, row 0 sums to zero: its norm is 0, not NaN
     weight = torch.randn(576, generator=generator)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        summed = x + residual
-        out = fused_add_rms_norm(x, residual, weight, 1e-5)
-    finally:
-        torch.set_num_threads(previous)
+    summed = x + residual
+    out = fused_add_rms_norm(x, residual, weight, 1e-5)
     torch.testing.assert_close(x, summed, atol=0, rtol=0)  # the add, in place
     torch.testing.assert_close(out, rms_norm(summed, weight, 1e-5), **TOLERANCE)
     alone = fused_add_rms_norm(x.clone(), None, weight, 1e-5, out=torch.empty_like(x))
     torch.testing.assert_close(alone, rms_norm(x, weight, 1e-5), **TOLERANCE)
 
 
-def test_silu_and_mul_takes_gate_then_up():
-    generator = torch.Generator().manual_seed(0)
-    gate_up = torch.randn(5, 2 * 48, generator=generator) * 4
+@pytest.mark.parametrize("rows", [5, 64])  # 64 x 1536: enough for two threads
+def test_silu_and_mul_takes_gate_then_up(rows, threads):
+    generator = torch.Generator().manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * 1536, generator=generator) * 4
     gate_up[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 0.0])  # exp overflows or vanishes
-    gate, up = gate_up.split(48, dim=-1)
+    gate, up = gate_up.split(1536, dim=-1)
     torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, **TOLERANCE)
 
 
-@pytest.mark.parametrize("head_dim", [64, 80])
-def test_rotary_embedding_rotates_q_and_k_in_place_inside_qkv(head_dim):
+@pytest.mark.parametrize(("rows", "head_dim"), [(6, 64), (6, 80), (64, 64)])  # 64: two threads
+def test_rotary_embedding_rotates_q_and_k_in_place_inside_qkv(rows, head_dim, threads):
     """The q|k heads at the front of a q|k|v row: rotated; the v heads behind: untouched."""
     generator = torch.Generator().manual_seed(head_dim)
-    rows, qk_heads, v_heads = 6, 5, 2
+    qk_heads, v_heads = 12, 3
     qkv = torch.randn(rows, (qk_heads + v_heads) * head_dim, generator=generator)
     angles = torch.rand(rows, head_dim // 2, generator=generator) * 100
     cos, sin = torch.cat([angles, angles], dim=-1).cos(), torch.cat([angles, angles], -1).sin()
@@ -86,10 +92,34 @@ def test_bad_inputs_name_what_is_wrong():
         fused_add_rms_norm(x.t(), None, torch.ones(4), 1e-5)
     with pytest.raises(ValueError, match="even width; got 7"):
         silu_and_mul(torch.randn(3, 7))
-    with pytest.raises(ValueError, match="heads must be float32.*even head_dim.*side by side"):
-        rotary_embedding(torch.randn(2, 8, 3).transpose(1, 2), torch.ones(2, 8), torch.ones(2, 8))
+    with pytest.raises(ValueError, match=r"out must be .*\(4, 8\).*\(4, 9\)"):
+        fused_add_rms_norm(x, None, torch.ones(8), 1e-5, out=torch.empty(4, 9))
+    with pytest.raises(ValueError, match=r"x must be \(rows, width\), got shape \(2, 4, 4\)"):
+        fused_add_rms_norm(x.view(2, 4, 4), None, torch.ones(4), 1e-5)
+    with pytest.raises(ValueError, match=r"gate_up must be \(rows, 2 \* width\)"):
+        silu_and_mul(torch.randn(6))
+    cos, sin = torch.ones(2, 8), torch.ones(2, 8)
+    with pytest.raises(ValueError, match=r"heads must be \(rows, num_heads, head_dim\)"):
+        rotary_embedding(torch.randn(2, 24), cos, sin)
     with pytest.raises(ValueError, match=r"sin must be .*\(2, 8\)"):
-        rotary_embedding(torch.randn(2, 3, 8), torch.ones(2, 8), torch.ones(3, 8))
+        rotary_embedding(torch.randn(2, 3, 8), cos, torch.ones(3, 8))
+
+
+@pytest.mark.parametrize(
+    "heads",
+    [
+        torch.randn(2, 8, 3).transpose(1, 2),  # a row's heads not side by side
+        torch.randn(2, 3, 8).half(),  # half the bytes the C code would write
+        torch.randn(1, 3, 8).expand(2, 3, 8),  # two rows in the same memory
+        torch.empty(2, 3, 8, device="meta"),  # not in CPU memory
+        torch.randn(2, 3, 7),  # an odd head_dim: no pairs to rotate
+    ],
+    ids=["transposed", "float16", "overlapping rows", "meta device", "odd head_dim"],
+)
+def test_rotary_refuses_heads_the_c_code_cannot_take(heads):
+    angles = torch.ones(2, heads.shape[-1])
+    with pytest.raises(ValueError, match="heads must be float32 on the CPU, .* even head_dim"):
+        rotary_embedding(heads, angles, angles)
 
 
 def generate(runner, prompts, max_new_tokens, eos_token_id=None):
@@ -120,6 +150,23 @@ def test_smollm2_tokens_match_eager_and_transformers(smollm2, one_thread):
     assert continued == generate(eager, texts, 32) == hf_greedy_batch(model, texts, 32)
 
 
+def test_smollm2_logits_close_to_eager(smollm2, one_thread):
+    """A prefill of chat prompts: the sums in another order move logits by about 1e-4; a
+    norm without its eps, say, moves them by 1e-2."""
+    model, tokenizer = smollm2
+    prompts = [chat_prompt(tokenizer, q) for q in SMOLLM2_QUESTIONS]
+    lengths = [len(p) for p in prompts]
+    logits = []
+    for runner in (ModelRunner(model), CustomOpsRunner(model)):
+        cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=64, block_size=16)
+        for seq_id, length in enumerate(lengths):
+            cache.allocate_slots(seq_id, length)
+        batch = ForwardBatch.build(list(range(len(prompts))), [0] * len(prompts), lengths)
+        ids = torch.tensor([token for prompt in prompts for token in prompt])
+        logits.append(runner.forward(ids, batch, cache))
+    torch.testing.assert_close(logits[1], logits[0], atol=5e-4, rtol=0)
+
+
 def test_llm_custom_ops_serves_the_same_tokens(tiny, one_thread):
     """Through the engine: requests join and leave the batch (three seats, five prompts)."""
     prompts = random_prompts(tiny.config.vocab_size, [5, 9, 3, 12, 7])
@@ -133,10 +180,10 @@ def test_llm_custom_ops_serves_the_same_tokens(tiny, one_thread):
     assert runs[True] == runs[False]
 
 
-def test_llm_refuses_what_custom_ops_cannot_run(tiny):
+def test_llm_refuses_what_custom_ops_cannot_run(tiny_model):
     with pytest.raises(ValueError, match="custom_ops=1 is not allowed: use True or False"):
-        LLM(tiny, num_blocks=8, custom_ops=1)
+        LLM(tiny_model, num_blocks=8, custom_ops=1)
     with pytest.raises(ValueError, match="compile=True and custom_ops=True are not allowed"):
-        LLM(tiny, num_blocks=8, custom_ops=True, compile=True)
+        LLM(tiny_model, num_blocks=8, custom_ops=True, compile=True)
     with pytest.raises(ValueError, match="float32 models on the CPU, got torch.float64"):
         LLM("tiny", num_blocks=8, dtype=torch.float64, custom_ops=True)

@@ -81,7 +81,7 @@ class LLM:
             CPU, where it was measured.
         custom_ops: run the norms, residual adds, SiLU-and-multiply and rotary embedding
             as three C functions (``kvlab.model.custom_ops``; float32 on a CPU, built on
-            first use). The same tokens; a decode step 4-10% faster on a 2-core CPU.
+            first use). The same tokens; a decode step 3-5% faster at one thread here.
         watermark: admission watermark in [0, 1): the share of the KV pool that
             must stay reusable after a new request takes its blocks (see
             ``kvlab.engine.scheduler.SchedulerConfig``).

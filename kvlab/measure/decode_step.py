@@ -21,8 +21,8 @@ benchmark times, in interleaved rounds at each batch size:
     kvlab compiled     with ``--compile``: kvlab's step with the work between attention
                        calls compiled by torch.compile (``kvlab.model.compiled``)
 
-and prints milliseconds per step (the median of the rounds; each round starts one method
-further on, so that none always follows the same one), ``bare / kvlab`` (1.0 means
+and prints milliseconds per step (the median of the rounds; each round runs the methods
+in a new seeded order, so that none always follows the same one), ``bare / kvlab`` (1.0 means
 kvlab's step, context and all, costs what the bare forward costs) and ``matmuls / kvlab``
 (the share of kvlab's step that is matrix multiplies; the rest is what an engine adds),
 and with custom ops ``custom / kvlab`` (below 1.0: the custom ops' step is faster) and
@@ -81,6 +81,7 @@ steps, mixed steps, GPUs (the timings do not synchronize a CUDA device).
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -160,11 +161,13 @@ def decode_step_times(
     seconds: dict[str, list[float]] = {name: [] for name in methods}
     for step in steps.values():
         step()  # warm up
-    for round_ in range(rounds):
-        # Each round starts one method further on: what runs just before a step (a
-        # transformers forward over other weights, say) changes what its caches hold.
-        turn = round_ % len(methods)
-        for name in methods[turn:] + methods[:turn]:
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        # A new order each round: what runs just before a step (a transformers forward
+        # over other weights, say) changes what its caches hold.
+        order = list(methods)
+        shuffle(order)
+        for name in order:
             start = time.perf_counter()
             steps[name]()
             seconds[name].append(time.perf_counter() - start)

@@ -17,8 +17,10 @@
  * dtypes (kvlab/model/custom_ops.py).
  *
  * Compiled with -ffast-math (kvlab/native.py): the sums are reordered as a SIMD reduction
- * does, so the results differ from PyTorch's in the last bits; nothing here relies on
- * infinities or NaNs.
+ * does, so the results differ from PyTorch's in the last bits, and infinities are not
+ * handled as PyTorch handles them: a row whose sum of squares overflows float32 (values
+ * near 1e18, or an infinity) normalizes to NaN here, where PyTorch gives 0 for its finite
+ * entries. A model's hidden states are many orders of magnitude smaller.
  */
 #include <math.h>
 #include <stdint.h>
