@@ -41,3 +41,27 @@ def tiny(request):
 def random_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def paged_greedy(runner, prompts, max_new_tokens, eos_token_id=None) -> list[list[int]]:
+    """Greedy tokens of ``prompts`` through ``runner`` on a paged cache."""
+    from kvlab.cache.paged import PagedKVCache
+    from kvlab.model.greedy import greedy_generate
+
+    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=128, block_size=16)
+    return greedy_generate(runner, cache, prompts, max_new_tokens, eos_token_id=eos_token_id)
+
+
+def tokens_match_eager(runner_class, model) -> bool:
+    """Whether ``runner_class`` gives the eager ``ModelRunner``'s greedy tokens on ``model``
+    (both with the fastest attention backend): a batch of three prompts, then one prompt
+    alone (a one-row step takes other paths), 12 tokens each."""
+    from kvlab.attention import fastest_backend
+    from kvlab.model.runner import ModelRunner
+
+    backend = fastest_backend("cpu")
+    eager, other = ModelRunner(model, backend), runner_class(model, backend)
+    return all(
+        paged_greedy(other, prompts, 12) == paged_greedy(eager, prompts, 12)
+        for prompts in (random_prompts(model.config.vocab_size, n) for n in ([5, 19, 2], [7]))
+    )

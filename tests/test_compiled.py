@@ -12,14 +12,13 @@ import sys
 
 import pytest
 import torch
-from conftest import random_prompts
+from conftest import paged_greedy, random_prompts, tokens_match_eager
 
 import kvlab
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
 from kvlab.model.compiled import CompiledRunner, compile_unavailable
-from kvlab.model.greedy import greedy_generate
 from kvlab.model.loading import chat_prompt
 from kvlab.model.runner import ModelRunner
 
@@ -28,22 +27,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def generate(runner, prompts, max_new_tokens, eos_token_id=None):
-    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=128, block_size=16)
-    return greedy_generate(runner, cache, prompts, max_new_tokens, eos_token_id=eos_token_id)
-
-
 def unique_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def test_tiny_tokens_match_eager(tiny, one_thread):
-    """A batch of three prompts, then one prompt alone (a one-row step is a graph apart)."""
-    backend = fastest_backend("cpu")
-    eager, compiled = ModelRunner(tiny, backend), CompiledRunner(tiny, backend)
-    for lengths in ([5, 19, 2], [7]):
-        prompts = random_prompts(tiny.config.vocab_size, lengths)
-        assert generate(compiled, prompts, 12) == generate(eager, prompts, 12)
+    assert tokens_match_eager(CompiledRunner, tiny)
 
 
 def test_tiny_logits_close_to_eager(tiny, one_thread):
@@ -63,9 +52,9 @@ def test_a_new_batch_size_compiles_nothing(one_thread):
     torch._dynamo.reset()
     runner = CompiledRunner(model)
     before = unique_graphs()
-    generate(runner, random_prompts(model.config.vocab_size, [5, 11, 3]), 4)
+    paged_greedy(runner, random_prompts(model.config.vocab_size, [5, 11, 3]), 4)
     assert unique_graphs() - before == 3
-    generate(runner, random_prompts(model.config.vocab_size, [8, 2], seed=1), 4)
+    paged_greedy(runner, random_prompts(model.config.vocab_size, [8, 2], seed=1), 4)
     assert unique_graphs() - before == 3
 
 
@@ -78,12 +67,12 @@ def test_smollm2_tokens_match_eager(smollm2, one_thread):
                  "Explain in two sentences why the sky is blue to a child who asks."]  # fmt: skip
     chats = [chat_prompt(tokenizer, q) for q in questions]
     eos = tokenizer.eos_token_id
-    answers = generate(compiled, chats, 48, eos)
-    assert answers == generate(eager, chats, 48, eos)
+    answers = paged_greedy(compiled, chats, 48, eos)
+    assert answers == paged_greedy(eager, chats, 48, eos)
     assert tokenizer.decode(answers[0]) == "The capital of France is Paris.<|im_end|>"
     texts = ["Once upon a time, in a small village by the sea,", "The three most important ideas"]
     texts = [tokenizer(t)["input_ids"] for t in texts]
-    assert generate(compiled, texts, 32) == generate(eager, texts, 32)
+    assert paged_greedy(compiled, texts, 32) == paged_greedy(eager, texts, 32)
 
 
 def test_decode_step_benchmark_times_the_compiled_step(tiny_model, one_thread):

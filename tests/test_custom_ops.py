@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_prompts
+from conftest import paged_greedy, random_prompts, tokens_match_eager
 from test_runner import SMOLLM2_QUESTIONS, SMOLLM2_TEXTS, hf_greedy_batch
 
 from kvlab import LLM, SamplingParams
@@ -25,7 +25,6 @@ from kvlab.model.custom_ops import (
     rotary_embedding,
     silu_and_mul,
 )
-from kvlab.model.greedy import greedy_generate
 from kvlab.model.loading import chat_prompt
 from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
@@ -122,17 +121,8 @@ def test_rotary_refuses_heads_the_c_code_cannot_take(heads):
         rotary_embedding(heads, angles, angles)
 
 
-def generate(runner, prompts, max_new_tokens, eos_token_id=None):
-    cache = PagedKVCache.from_spec(runner.kv_spec(), num_blocks=128, block_size=16)
-    return greedy_generate(runner, cache, prompts, max_new_tokens, eos_token_id=eos_token_id)
-
-
 def test_tiny_tokens_match_eager(tiny, one_thread):
-    backend = fastest_backend("cpu")
-    eager, fused = ModelRunner(tiny, backend), CustomOpsRunner(tiny, backend)
-    for lengths in ([5, 19, 2], [7]):
-        prompts = random_prompts(tiny.config.vocab_size, lengths)
-        assert generate(fused, prompts, 12) == generate(eager, prompts, 12)
+    assert tokens_match_eager(CustomOpsRunner, tiny)
 
 
 def test_smollm2_tokens_match_eager_and_transformers(smollm2, one_thread):
@@ -142,12 +132,12 @@ def test_smollm2_tokens_match_eager_and_transformers(smollm2, one_thread):
     eager, fused = ModelRunner(model, backend), CustomOpsRunner(model, backend)
     chats = [chat_prompt(tokenizer, q) for q in SMOLLM2_QUESTIONS]
     eos = tokenizer.eos_token_id
-    answers = generate(fused, chats, 48, eos)
-    assert answers == generate(eager, chats, 48, eos)
+    answers = paged_greedy(fused, chats, 48, eos)
+    assert answers == paged_greedy(eager, chats, 48, eos)
     assert answers == hf_greedy_batch(model, chats, 48, eos)
     texts = [tokenizer(t)["input_ids"] for t in SMOLLM2_TEXTS]
-    continued = generate(fused, texts, 32)
-    assert continued == generate(eager, texts, 32) == hf_greedy_batch(model, texts, 32)
+    continued = paged_greedy(fused, texts, 32)
+    assert continued == paged_greedy(eager, texts, 32) == hf_greedy_batch(model, texts, 32)
 
 
 def test_smollm2_logits_close_to_eager(smollm2, one_thread):
