@@ -65,3 +65,20 @@ def tokens_match_eager(runner_class, model) -> bool:
         paged_greedy(other, prompts, 12) == paged_greedy(eager, prompts, 12)
         for prompts in (random_prompts(model.config.vocab_size, n) for n in ([5, 19, 2], [7]))
     )
+
+
+def served_by_flag(model, flag: str, runner_class) -> dict[bool, list[list[int]]]:
+    """Greedy tokens of five prompts through ``LLM(model, **{flag: False})`` and
+    ``{flag: True}``, requests joining and leaving three seats; checks that the flag picks
+    ``runner_class``."""
+    from kvlab import LLM, SamplingParams
+
+    prompts = random_prompts(model.config.vocab_size, [5, 9, 3, 12, 7])
+    params = SamplingParams(temperature=0, max_tokens=6)
+    runs = {}
+    for value in (False, True):
+        llm = LLM(model, num_blocks=64, block_size=4, max_num_seqs=3, **{flag: value})
+        assert isinstance(llm.engine.runner, runner_class) is value
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        runs[value] = [o.outputs[0].token_ids for o in outputs]
+    return runs

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import paged_greedy, random_prompts, tokens_match_eager
+from conftest import paged_greedy, random_prompts, served_by_flag, tokens_match_eager
 
 import kvlab
 from kvlab.attention import fastest_backend
@@ -89,16 +89,9 @@ def test_decode_step_benchmark_times_the_compiled_step(tiny_model, one_thread):
 def test_llm_compile_serves_the_same_tokens(tiny, one_thread):
     """``LLM(compile=True)`` through the engine: requests join and leave the batch (three
     seats, five prompts), and every token equals the eager engine's."""
-    from kvlab import LLM, SamplingParams
+    from kvlab import LLM
 
-    prompts = random_prompts(tiny.config.vocab_size, [5, 9, 3, 12, 7])
-    params = SamplingParams(temperature=0, max_tokens=6)
-    runs = {}
-    for compile_ in (False, True):
-        llm = LLM(tiny, num_blocks=64, block_size=4, max_num_seqs=3, compile=compile_)
-        assert isinstance(llm.engine.runner, CompiledRunner) is compile_
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        runs[compile_] = [o.outputs[0].token_ids for o in outputs]
+    runs = served_by_flag(tiny, "compile", CompiledRunner)
     assert runs[True] == runs[False]
     with pytest.raises(ValueError, match="compile='yes' is not allowed"):
         LLM(tiny, num_blocks=8, compile="yes")

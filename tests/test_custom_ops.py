@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import paged_greedy, random_prompts, tokens_match_eager
+from conftest import paged_greedy, served_by_flag, tokens_match_eager
 from test_runner import SMOLLM2_QUESTIONS, SMOLLM2_TEXTS, hf_greedy_batch
 
-from kvlab import LLM, SamplingParams
+from kvlab import LLM
 from kvlab.attention import fastest_backend
 from kvlab.cache.paged import PagedKVCache
 from kvlab.cache.step import ForwardBatch
@@ -159,14 +159,7 @@ def test_smollm2_logits_close_to_eager(smollm2, one_thread):
 
 def test_llm_custom_ops_serves_the_same_tokens(tiny, one_thread):
     """Through the engine: requests join and leave the batch (three seats, five prompts)."""
-    prompts = random_prompts(tiny.config.vocab_size, [5, 9, 3, 12, 7])
-    params = SamplingParams(temperature=0, max_tokens=6)
-    runs = {}
-    for flag in (False, True):
-        llm = LLM(tiny, num_blocks=64, block_size=4, max_num_seqs=3, custom_ops=flag)
-        assert isinstance(llm.engine.runner, CustomOpsRunner) is flag
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        runs[flag] = [o.outputs[0].token_ids for o in outputs]
+    runs = served_by_flag(tiny, "custom_ops", CustomOpsRunner)
     assert runs[True] == runs[False]
 
 
