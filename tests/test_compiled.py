@@ -16,8 +16,8 @@ from conftest import paged_greedy, random_prompts, served_by_flag, tokens_match_
 
 import kvlab
 from kvlab.attention import fastest_backend
+from kvlab.cache.base import ForwardBatch
 from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.step import ForwardBatch
 from kvlab.model.compiled import CompiledRunner, compile_unavailable
 from kvlab.model.loading import chat_prompt
 from kvlab.model.runner import ModelRunner

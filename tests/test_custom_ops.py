@@ -16,8 +16,8 @@ from test_runner import SMOLLM2_QUESTIONS, SMOLLM2_TEXTS, hf_greedy_batch
 
 from kvlab import LLM
 from kvlab.attention import fastest_backend
+from kvlab.cache.base import ForwardBatch
 from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.step import ForwardBatch
 from kvlab.model import custom_ops
 from kvlab.model.custom_ops import (
     CustomOpsRunner,

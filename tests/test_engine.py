@@ -17,11 +17,11 @@ from test_runner import hf_greedy_batch
 
 from kvlab import LLM, SamplingParams
 from kvlab.attention import reference_attention, sdpa_attention
+from kvlab.cache.base import ForwardBatch
 from kvlab.cache.block_pool import AllToTheBack, BlockPool
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.step import ForwardBatch
 from kvlab.engine.metrics import ManualClock, percentile
 from kvlab.model.greedy import greedy_generate
 from kvlab.model.runner import ModelRunner

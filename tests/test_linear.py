@@ -102,7 +102,7 @@ def test_decode_step_by_part_times_each_part_and_leaves_the_rest_to_the_step():
 def test_timing_parts_inside_a_step_leaves_the_runner_as_it_was():
     """The in-step timing wraps the runner's functions for one step: afterwards the same
     objects are in place, and a step computes what it computed before."""
-    from kvlab.cache.step import ForwardBatch
+    from kvlab.cache.base import ForwardBatch
     from kvlab.measure.decode_step import IN_STEP, _parts_in_step
     from kvlab.model import runner as runner_module
 
@@ -121,7 +121,7 @@ def test_timing_parts_inside_a_step_leaves_the_runner_as_it_was():
 
 
 def test_timing_the_custom_ops_inside_a_step_leaves_them_as_they_were():
-    from kvlab.cache.step import ForwardBatch
+    from kvlab.cache.base import ForwardBatch
     from kvlab.measure.decode_step import CUSTOM_IN_STEP, _parts_in_step
     from kvlab.model import custom_ops
 

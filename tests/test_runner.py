@@ -13,10 +13,10 @@ from transformers import GenerationConfig
 
 import kvlab
 from kvlab.attention import cpu_kernel
+from kvlab.cache.base import ForwardBatch
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.step import ForwardBatch
 from kvlab.measure.padded_batch import left_pad
 from kvlab.model.greedy import greedy_generate
 from kvlab.model.loading import chat_prompt

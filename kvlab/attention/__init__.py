@@ -14,7 +14,7 @@ the same rows:
     cpu        the decode rows through a C kernel that reads K/V in place through the
                block table, built on first use (``cpu.py``, ``paged_decode_cpu.c``)
 
-``meta`` is the step's ``kvlab.cache.step.StepMetadata``, built once by the cache; a
+``meta`` is the step's ``kvlab.cache.base.StepMetadata``, built once by the cache; a
 backend keeps nothing between calls. ``ATTENTION_BACKENDS`` maps the names, the values of
 ``ModelRunner(attention=...)`` and ``LLM(attention_backend=...)``.
 """
@@ -30,8 +30,7 @@ from kvlab.attention.cpu import cpu_attention
 from kvlab.attention.reference import reference_attention
 from kvlab.attention.sdpa import sdpa_attention
 from kvlab.attention.triton import triton_attention
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import StepMetadata
+from kvlab.cache.base import KVCache, StepMetadata
 
 AttentionFn = Callable[[torch.Tensor, int, StepMetadata, KVCache, float], torch.Tensor]
 

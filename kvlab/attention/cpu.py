@@ -18,8 +18,7 @@ import torch
 from kvlab.attention.cpu_kernel import paged_decode_attention_cpu
 from kvlab.attention.reference import require_block_table
 from kvlab.attention.sdpa import attend_split
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import StepMetadata
+from kvlab.cache.base import KVCache, StepMetadata
 
 
 def cpu_attention(

@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import StepMetadata
+from kvlab.cache.base import KVCache, StepMetadata
 
 
 def reference_attention(

@@ -27,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.attention.reference import attend_one, reference_attention
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import StepMetadata
+from kvlab.cache.base import KVCache, StepMetadata
 
 
 def sdpa_attention(

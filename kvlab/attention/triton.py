@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 
 from kvlab.attention.reference import require_block_table
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import StepMetadata
+from kvlab.cache.base import KVCache, StepMetadata
 
 
 def triton_attention(

@@ -2,16 +2,23 @@
 
 Two halves. Bookkeeping, plain Python: ``manager`` is the interface the scheduler talks to
 (admit, allocate_slots, fork, free, usage), ``contiguous_manager`` (over
-``contiguous_arena``) and ``block_manager`` (over ``block_pool``, with ``block_table``'s
-rows; forks, copy-on-write and prefix hits included) implement it, and
-``kvlab.sim.simulator`` reuses them. Storage, torch: ``base`` is the
-interface the model runner reads and writes through; ``naive`` (one growing tensor per
+``contiguous_arena``) and ``block_manager`` (over ``block_pool``; forks, copy-on-write
+and prefix hits included) implement it, and ``kvlab.sim.simulator`` reuses them. Storage,
+torch: ``base`` is the interface the model runner reads and writes through (with one
+step's ``ForwardBatch`` and ``StepMetadata``); ``naive`` (one growing tensor per
 sequence), ``contiguous`` and ``paged`` (one preallocated pool, bookkeeping in a manager).
 
 Lesson ladder: naive -> contiguous -> paged.
 """
 
-from kvlab.cache.base import BlockInfo, CacheUsage, KVCache, PooledKVCache
+from kvlab.cache.base import (
+    BlockInfo,
+    CacheUsage,
+    ForwardBatch,
+    KVCache,
+    PooledKVCache,
+    StepMetadata,
+)
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import BlockPool
 from kvlab.cache.contiguous import ContiguousKVCache, num_slots_for_budget
@@ -21,7 +28,6 @@ from kvlab.cache.manager import CacheFullError, DecodeAllocation, KVCacheManager
 from kvlab.cache.naive import NaiveKVCache
 from kvlab.cache.paged import PagedKVCache, num_blocks_for_budget
 from kvlab.cache.prefix_cache import hash_block_tokens
-from kvlab.cache.step import ForwardBatch, StepMetadata
 
 __all__ = [
     "RESERVATION_POLICIES",

@@ -21,10 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
-from kvlab.cache.base import BlockInfo, PooledKVCache
+from kvlab.cache.base import BlockInfo, PooledKVCache, StepMetadata
 from kvlab.cache.contiguous_arena import ContiguousArena
 from kvlab.cache.contiguous_manager import ContiguousManager
-from kvlab.cache.step import StepMetadata
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvlab.cache.contiguous_arena import ContiguousArena, Range, reservation_size
-from kvlab.cache.manager import KVCacheManager, KVUsage, check_held
+from kvlab.cache.manager import KVCacheManager, KVUsage, not_held_error
 
 
 class ContiguousManager(KVCacheManager):
@@ -81,7 +81,9 @@ class ContiguousManager(KVCacheManager):
     def block_tables(self, seq_ids: Sequence[int], seq_lens: np.ndarray) -> np.ndarray:
         """Each row: the slots of one range, in order (a "block" here is one slot)."""
         ranges = [self.arena.range_of(seq_id) for seq_id in seq_ids]
-        check_held(seq_ids, seq_lens, [r.num_tokens for r in ranges])
+        held = np.array([r.num_tokens for r in ranges], dtype=np.int64)
+        if (seq_lens > held).any():
+            raise not_held_error(seq_ids, seq_lens, held)
         starts = np.array([r.start for r in ranges], dtype=np.int32)
         offsets = np.arange(int(seq_lens.max(initial=0)), dtype=np.int32)
         table = starts[:, None] + offsets[None, :]

@@ -262,16 +262,16 @@ class KVCacheManager(ABC):
         """Release everything ``seq_id`` holds."""
 
 
-def check_held(seq_ids: Sequence[int], seq_lens, held) -> None:
-    """Refuse a step in which a sequence runs with more tokens than it holds slots for.
+def not_held_error(seq_ids: Sequence[int], seq_lens, held) -> ValueError:
+    """The error for a step in which a sequence runs with more tokens than it holds slots
+    for, naming the first such sequence (``block_tables`` raises it).
 
     Args:
-        seq_lens, held: numpy arrays (or sequences) of ints, one entry per sequence.
+        seq_lens, held: numpy arrays (or sequences) of ints, one entry per sequence; in at
+            least one entry ``seq_lens`` exceeds ``held``.
     """
-    short = np.flatnonzero(np.asarray(seq_lens) > np.asarray(held))
-    if short.size:
-        i = short[0]
-        raise ValueError(
-            f"seq {seq_ids[i]} runs with seq_len {int(seq_lens[i])} but holds {int(held[i])} "
-            "slots: call allocate_slots first"
-        )
+    i = int(np.flatnonzero(np.asarray(seq_lens) > np.asarray(held))[0])
+    return ValueError(
+        f"seq {seq_ids[i]} runs with seq_len {int(seq_lens[i])} but holds {int(held[i])} "
+        "slots: call allocate_slots first"
+    )

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvlab.cache.base import CacheUsage, KVCache
-from kvlab.cache.step import StepMetadata
+from kvlab.cache.base import CacheUsage, KVCache, StepMetadata
 
 
 class NaiveKVCache(KVCache):

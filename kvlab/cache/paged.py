@@ -7,7 +7,7 @@ its last one is full, so at most ``block_size - 1`` slots per sequence are ever 
 The bookkeeping (block tables, ``ref_cnt``, prefix hashes) is ``kvlab.cache.block_manager``;
 this class adds the tensors and copies K/V when a block is copied on write.
 
-Each step ``begin_step`` hands the runner a ``StepMetadata`` (``kvlab.cache.step``) with
+Each step ``begin_step`` hands the runner a ``StepMetadata`` (``kvlab.cache.base``) with
 the batch's ``block_table`` and ``slot_mapping`` (page = block, page table = block table).
 
 Three features on top of plain paging:
@@ -29,7 +29,7 @@ Two things keep a step's CPU cost low with thousands of running sequences:
   new slot in one call; only a sequence whose last block is full (or shared) touches the
   block manager's free queue, the others just count one more token.
 * every sequence's block table is also one row of a persistent int32 array, rewritten
-  only where a sequence gains or copies a block (``kvlab.cache.block_table``);
+  only where a sequence gains or copies a block (the block manager's ``BlockTableRows``);
   ``begin_step`` gathers the batch's rows and computes ``slot_mapping`` with array ops,
   with no Python loop over tokens.
 
@@ -42,10 +42,9 @@ from collections.abc import Sequence
 
 import torch
 
-from kvlab.cache.base import BlockInfo, PooledKVCache
+from kvlab.cache.base import BlockInfo, PooledKVCache, StepMetadata
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.manager import KVCacheManager
-from kvlab.cache.step import StepMetadata
 from kvlab.env import default_device
 from kvlab.memory import KVSpec
 

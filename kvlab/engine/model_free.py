@@ -31,10 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.base import PooledKVCache
+from kvlab.cache.base import ForwardBatch, PooledKVCache
 from kvlab.cache.contiguous import ContiguousKVCache
 from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.step import ForwardBatch
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvlab.engine.request import Request
-    from kvlab.engine.scheduler import Scheduler
-    from kvlab.engine.scheduler_output import SchedulerOutput
+    from kvlab.engine.scheduler import Scheduler, SchedulerOutput
 
 _REQUEST_ID = operator.attrgetter("request_id")
 _SAMPLE_INDEX = operator.attrgetter("sample_index")

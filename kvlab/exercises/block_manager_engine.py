@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kvlab.cache.manager import KVCacheManager, KVUsage, check_held
+from kvlab.cache.manager import KVCacheManager, KVUsage, not_held_error
 from kvlab.exercises.grading import (
     Verdict,
     different_requests,
@@ -161,7 +161,8 @@ class LearnerBlockManager(KVCacheManager):
 
     def block_tables(self, seq_ids: Sequence[int], seq_lens) -> np.ndarray:
         held = np.array([self.learner.num_tokens[s] for s in seq_ids])
-        check_held(seq_ids, seq_lens, held)
+        if (np.asarray(seq_lens) > held).any():
+            raise not_held_error(seq_ids, seq_lens, held)
         width = max(1, int(-(-np.max(seq_lens, initial=0) // self.block_size)))
         rows = np.zeros((len(seq_ids), width), dtype=np.int32)
         for row, (seq_id, seq_len) in enumerate(zip(seq_ids, seq_lens, strict=True)):

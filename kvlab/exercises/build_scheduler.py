@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from kvlab.engine.request import Request, RequestStatus
 from kvlab.engine.sampling_params import SamplingParams
-from kvlab.engine.scheduler import Scheduler, seats_of
+from kvlab.engine.scheduler import Scheduler, SchedulerOutput, seats_of
 from kvlab.engine.scheduler_config import SchedulerConfig
-from kvlab.engine.scheduler_output import SchedulerOutput
 from kvlab.exercises import scheduler_grader as grader
 from kvlab.exercises.block_manager_engine import step_engine
 from kvlab.exercises.grading import (

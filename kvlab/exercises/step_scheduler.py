@@ -15,8 +15,7 @@ served, preemption by recompute, one sample per request (``n=1``).
 from __future__ import annotations
 
 from kvlab.engine.request import Request
-from kvlab.engine.scheduler import Scheduler
-from kvlab.engine.scheduler_output import SchedulerOutput
+from kvlab.engine.scheduler import Scheduler, SchedulerOutput
 
 
 class StepScheduler(Scheduler):

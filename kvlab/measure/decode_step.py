@@ -89,8 +89,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.attention import fastest_backend
+from kvlab.cache.base import ForwardBatch
 from kvlab.cache.paged import PagedKVCache
-from kvlab.cache.step import ForwardBatch
 from kvlab.measure.engine_overhead import time_calls
 from kvlab.memory import KVSpec
 from kvlab.model import custom_ops

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlab.cache.base import KVCache, PooledKVCache
-from kvlab.cache.step import ForwardBatch
+from kvlab.cache.base import ForwardBatch, KVCache, PooledKVCache
 from kvlab.engine.llm_engine import LLMEngine
 from kvlab.engine.metrics import ManualClock
 from kvlab.engine.sampling_params import SamplingParams

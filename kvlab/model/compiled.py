@@ -47,8 +47,7 @@ import shutil
 import torch
 import torch.nn.functional as F
 
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import ForwardBatch
+from kvlab.cache.base import ForwardBatch, KVCache
 from kvlab.model.runner import ModelRunner, apply_rotary, rms_norm
 
 # Declared with torch.library.define rather than the @custom_op decorator: a call through

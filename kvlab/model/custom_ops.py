@@ -41,8 +41,7 @@ from pathlib import Path
 
 import torch
 
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import ForwardBatch
+from kvlab.cache.base import ForwardBatch, KVCache
 from kvlab.model.runner import ModelRunner
 from kvlab.native import NativeLibrary
 

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import ForwardBatch
+from kvlab.cache.base import ForwardBatch, KVCache
 from kvlab.model.runner import ModelRunner
 
 StepCallback = Callable[[int, KVCache], None]

@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.attention import ATTENTION_BACKENDS, AttentionFn
-from kvlab.cache.base import KVCache
-from kvlab.cache.step import ForwardBatch
+from kvlab.cache.base import ForwardBatch, KVCache
 from kvlab.memory import KVSpec
 from kvlab.model.linear import fused_weights
 
