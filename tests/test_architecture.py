@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -184,3 +185,61 @@ def test_the_block_pool_interface_declares_what_the_manager_reads():
         assert not missing, (type(pool).__name__, missing)
     # The prefix cache owns its hash map and needs no pool: no import cycle.
     assert "kvlab.cache.block_pool" not in imported_modules(PACKAGE / "cache" / "prefix_cache.py")
+
+
+def files_one_decode_step_crosses(prompt_len: int) -> list[str]:
+    """The kvlab files a reader opens to follow one decode step, from ``LLM.generate`` to
+    the attention call: every file one of the step's calls runs code in, in call order.
+
+    The request's prompt has ``prompt_len`` tokens in blocks of 4, and one greedy request
+    runs alone; the traced step is its first decode step.
+    """
+    import kvlab
+    from kvlab import LLM, SamplingParams
+
+    model, _ = kvlab.load_model("tiny", device="cpu")
+    llm = LLM(model, num_blocks=32, block_size=4)
+    files = ["engine/llm.py"]  # LLM.generate's loop calls engine.step
+    steps = []
+
+    def tracer(frame, event, arg):
+        path = Path(frame.f_code.co_filename)
+        if event == "call" and PACKAGE in path.parents and files[-1] != "attention call":
+            name = str(path.relative_to(PACKAGE))
+            if name not in files:
+                files.append(name)
+            if path.parent.name == "attention":
+                files.append("attention call")
+
+    engine_step = llm.engine.step
+
+    def traced_step():
+        steps.append(None)
+        if len(steps) != 2:  # step 1 is the prefill
+            return engine_step()
+        previous = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            return engine_step()
+        finally:
+            sys.settrace(previous)
+
+    llm.engine.step = traced_step
+    params = SamplingParams(temperature=0, max_tokens=3)
+    llm.generate([list(range(5, 5 + prompt_len))], params, use_tqdm=False)
+    assert files[-1] == "attention call", files
+    return files[:-1]
+
+
+def test_one_decode_step_crosses_at_most_nine_files():
+    """A reader follows a decode step through the loop, the scheduler, the block manager,
+    the cache's step interface, the runner and its multiplies to attention: 9 files."""
+    # Most decode steps: the sequence's last block has room (6 tokens in blocks of 4).
+    files = files_one_decode_step_crosses(prompt_len=6)
+    assert len(files) <= 9, files
+    assert files[0] == "engine/llm.py" and files[-1].startswith("attention/"), files
+    # One step in block_size: the new token opens a block. The pool hands it out, and the
+    # block manager asks the prefix cache's hashing for any block just filled. Those two
+    # files, and no more.
+    boundary = files_one_decode_step_crosses(prompt_len=4)
+    assert set(boundary) - set(files) == {"cache/block_pool.py", "cache/prefix_cache.py"}, boundary
