@@ -187,19 +187,20 @@ def test_the_block_pool_interface_declares_what_the_manager_reads():
     assert "kvlab.cache.block_pool" not in imported_modules(PACKAGE / "cache" / "prefix_cache.py")
 
 
-def files_one_decode_step_crosses(prompt_len: int) -> list[str]:
-    """The kvlab files a reader opens to follow one decode step, from ``LLM.generate`` to
-    the attention call: every file one of the step's calls runs code in, in call order.
+def files_to_attention(prompt_len: int) -> list[str]:
+    """The kvlab files a reader opens to follow the first decode step of one request, from
+    ``LLM.generate``'s loop to the first layer's attention call, in order of first entry.
 
-    The request's prompt has ``prompt_len`` tokens in blocks of 4, and one greedy request
-    runs alone; the traced step is its first decode step.
+    Counted: every kvlab file in which the step runs a Python function. Not counted: what
+    the step does after that call (the other layers, sampling, outputs), code the tracer
+    cannot see (C calls, dataclass ``__init__``s). The prompt has ``prompt_len`` tokens in
+    blocks of 4; the request is greedy and runs alone.
     """
-    import kvlab
-    from kvlab import LLM, SamplingParams
+    from kvlab import LLM, SamplingParams, load_model
 
-    model, _ = kvlab.load_model("tiny", device="cpu")
+    model, _ = load_model("tiny", device="cpu")
     llm = LLM(model, num_blocks=32, block_size=4)
-    files = ["engine/llm.py"]  # LLM.generate's loop calls engine.step
+    files: list[str] = []
     steps = []
 
     def tracer(frame, event, arg):
@@ -217,29 +218,34 @@ def files_one_decode_step_crosses(prompt_len: int) -> list[str]:
         steps.append(None)
         if len(steps) != 2:  # step 1 is the prefill
             return engine_step()
+        files.append(str(Path(sys._getframe(1).f_code.co_filename).relative_to(PACKAGE)))
         previous = sys.gettrace()
         sys.settrace(tracer)
         try:
             return engine_step()
         finally:
             sys.settrace(previous)
+            work = llm.engine.last_step_work
+            assert (work.num_prefill_tokens, work.num_decode_seqs) == (0, 1), work
 
     llm.engine.step = traced_step
-    params = SamplingParams(temperature=0, max_tokens=3)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     llm.generate([list(range(5, 5 + prompt_len))], params, use_tqdm=False)
     assert files[-1] == "attention call", files
     return files[:-1]
 
 
-def test_one_decode_step_crosses_at_most_nine_files():
-    """A reader follows a decode step through the loop, the scheduler, the block manager,
-    the cache's step interface, the runner and its multiplies to attention: 9 files."""
-    # Most decode steps: the sequence's last block has room (6 tokens in blocks of 4).
-    files = files_one_decode_step_crosses(prompt_len=6)
+def test_a_decode_step_reaches_attention_through_at_most_nine_files():
+    """Following a decode step takes the loop, the step, the clock, the scheduler, the
+    block manager, the cache's step interface, the runner, its multiplies and attention.
+    Nine files is a reading aid (the README lists them), not a size target for any file."""
+    # The new token leaves room in its block (positions 0-5 held, token 6 in blocks of 4).
+    files = files_to_attention(prompt_len=6)
     assert len(files) <= 9, files
     assert files[0] == "engine/llm.py" and files[-1].startswith("attention/"), files
-    # One step in block_size: the new token opens a block. The pool hands it out, and the
-    # block manager asks the prefix cache's hashing for any block just filled. Those two
+    # The new token opens a block (prompt 4), or fills one (prompt 3): the pool hands out
+    # or caches the block, and the prefix cache hashes a block just filled. Those two
     # files, and no more.
-    boundary = files_one_decode_step_crosses(prompt_len=4)
-    assert set(boundary) - set(files) == {"cache/block_pool.py", "cache/prefix_cache.py"}, boundary
+    for prompt_len in (3, 4):
+        more = set(files_to_attention(prompt_len)) - set(files)
+        assert more == {"cache/block_pool.py", "cache/prefix_cache.py"}, (prompt_len, more)

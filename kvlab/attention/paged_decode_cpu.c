@@ -16,7 +16,7 @@
  * Grouped-query attention: the num_heads / num_kv_heads query heads of a group share one
  * kv head, so each key and value row is loaded once for the whole group.
  *
- * Layouts (float32, contiguous; kvlab.cache.step names them):
+ * Layouts (float32, contiguous; kvlab.cache.base names them):
  *   query, out     (num_seqs, num_heads, head_dim)
  *   key_cache      (num_blocks, block_size, num_kv_heads, head_dim), value_cache alike
  *   block_ids      (num_seqs, blocks_per_seq) int64: sequence i's blocks in order

@@ -2,11 +2,13 @@
 
 Two halves. Bookkeeping, plain Python: ``manager`` is the interface the scheduler talks to
 (admit, allocate_slots, fork, free, usage), ``contiguous_manager`` (over
-``contiguous_arena``) and ``block_manager`` (over ``block_pool``; forks, copy-on-write
-and prefix hits included) implement it, and ``kvlab.sim.simulator`` reuses them. Storage,
-torch: ``base`` is the interface the model runner reads and writes through (with one
-step's ``ForwardBatch`` and ``StepMetadata``); ``naive`` (one growing tensor per
-sequence), ``contiguous`` and ``paged`` (one preallocated pool, bookkeeping in a manager).
+``contiguous_arena``) and ``block_manager`` (over ``block_pool``, with ``prefix_cache``'s
+block hashes; forks, copy-on-write and prefix hits included) implement it, and
+``kvlab.sim.simulator`` reuses them. Storage, torch: ``base`` is the interface the model
+runner reads and writes through (with one step's ``ForwardBatch`` and ``StepMetadata``);
+``naive`` (one growing tensor per sequence), ``contiguous`` and ``paged`` (one
+preallocated pool, bookkeeping in a manager); ``swap`` holds the CPU pool swapped blocks
+are copied to.
 
 Lesson ladder: naive -> contiguous -> paged.
 """

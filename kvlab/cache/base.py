@@ -1,26 +1,21 @@
 """The interface between the model runner and wherever K and V live, one step at a time.
 
 The runner never knows how a cache stores tokens. Each step it hands the cache a
-``ForwardBatch`` (which sequences run and how many new tokens each brings) and gets back
-the step's ``StepMetadata``; then, layer by layer, it ``write``s the new keys and values
-and attention ``read``s each sequence's context back, both through that metadata. The
-naive cache (``kvlab.cache.naive``) grows one tensor per sequence like Hugging Face's
-``DynamicCache``; the contiguous and paged caches (``PooledKVCache``) place tokens in
-slots of one preallocated pool and keep their bookkeeping in a
-``kvlab.cache.manager.KVCacheManager``. Swapping one for another changes no model code.
-
-Token layout in a step (varlen, as in vLLM): the new tokens of all sequences are packed
-into one flat batch of ``num_tokens``; sequence ``i`` owns rows
-``query_start_loc[i]:query_start_loc[i+1]``.
+``ForwardBatch``: which sequences run and which of their tokens are new, packed into one
+flat batch of ``num_tokens`` (varlen, as in vLLM; sequence ``i`` owns rows
+``query_start_loc[i]:query_start_loc[i+1]``):
 
     seq 0: |---- context (cached) ----|== new ==|
     seq 1: |-- context --|===== new (prefill) =====|
                                   seq_lens[i] = context + new
 
-``ForwardBatch`` is that layout, made from the scheduler's plan. ``StepMetadata`` adds
-where the K/V of those tokens live, built once per step by the cache (``begin_step``) and
-handed to every write, read and attention call of every layer; no backend keeps state of
-its own between calls.
+The cache answers once per step (``begin_step``) with the ``StepMetadata``: where the K/V
+of those tokens live. Every layer's ``write`` of new keys and values, and every attention
+``read`` of a sequence's context, goes through it; no backend keeps state of its own
+between calls. The naive cache (``kvlab.cache.naive``) grows one tensor per sequence like
+Hugging Face's ``DynamicCache``; the contiguous and paged caches (``PooledKVCache``) place
+tokens in slots of one preallocated pool and keep their bookkeeping in a
+``kvlab.cache.manager.KVCacheManager``. Swapping one for another changes no model code.
 
     block_table   (num_seqs, max_blocks) int32: physical block of each logical block,
                   padded with 0 (never read: seq_lens bounds every read). A contiguous

@@ -9,8 +9,9 @@ Token ``pos`` lives in slot ``block_table[pos // block_size] * block_size + pos 
     slots:        112..127      32..47        144..149 (+10 free slots in block 9)
 
 ``BlockManager`` is the paged implementation of ``kvlab.cache.manager.KVCacheManager``,
-the bookkeeping the scheduler talks to. What it does, with no tensor (the simulator
-reuses it as it is):
+the bookkeeping the scheduler talks to; per sequence it keeps a ``SequenceBlocks`` (the
+block table, the tokens held, their ids and block hashes). What it does, with no tensor
+(the simulator reuses it as it is):
 
 * growth: a sequence takes one more block only when its last block is full, and a decode
   step (one token per sequence) mostly just counts the token;

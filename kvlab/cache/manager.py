@@ -8,10 +8,11 @@ scheduler talks to; it is plain Python (numpy arrays serve the block tables), so
 scheduler, the simulator and a learner's own allocator never touch a tensor. Two
 implementations stand behind it:
 
-    BlockManager       (kvlab.cache.block_manager)   paged: blocks of block_size slots,
-                                                     ref_cnt, copy-on-write, prefix cache
-    ContiguousManager  (kvlab.cache.contiguous_arena) one reserved range per request
-                                                     (its "blocks" are single slots)
+    BlockManager       (kvlab.cache.block_manager)      paged: blocks of block_size
+                                                        slots, ref_cnt, copy-on-write,
+                                                        prefix cache
+    ContiguousManager  (kvlab.cache.contiguous_manager) one reserved range per request
+                                                        (its "blocks" are single slots)
 
 A sequence's life, as the scheduler drives it:
 

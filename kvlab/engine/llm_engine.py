@@ -26,8 +26,7 @@ this loop for offline use; a lab can call ``step()`` itself and draw the cache i
 Before a request joins, ``add_request`` checks it (the intake, at the end of this file):
 its prompt ids are in the vocabulary, the prompt leaves room for an output token in
 ``max_model_len``, the request could run alone in the KV pool, and its arrival time and
-priority are numbers. A refused request changes nothing. An accepted one waits in
-``Arrivals`` until the clock passes its arrival time, so that a trace replays over time.
+priority are numbers.
 
 Not handled: online serving (HTTP, streaming), tensor parallelism, detokenizing text
 before a sample finishes, stop strings, beam search, logprobs, multi-modal prompts.

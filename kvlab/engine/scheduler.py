@@ -620,7 +620,8 @@ BATCHING = {
 # The engine reads it to build the step's batch (``requests``, ``num_new_tokens``), to move
 # and copy blocks before anything writes, to report what moved, and to time the swaps the
 # step waits for or hides. It is vLLM's ``SchedulerOutput`` (``vllm/v1/core/sched/output.py``)
-# cut to what kvlab needs, with the swap lists of vLLM's V0 scheduler.
+# cut to what kvlab needs, with the swap lists of vLLM's V0 scheduler. Not handled:
+# per-request sampling metadata, structured-output masks, KV connector state.
 
 
 @dataclass
