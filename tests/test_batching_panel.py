@@ -217,6 +217,18 @@ def test_the_pool_and_the_plots_share_a_row_with_the_gauge_over_the_map(panel):
     assert panel_figure(panel.results["continuous"], "t").layout.height < 400
 
 
+def test_the_pool_shows_no_cached_block_unless_prefix_caching_is_asked_for(panel):
+    """Lab 04 meets the panel before lab 06 teaches prefix caching: no hatched blocks."""
+
+    def steps_with_a_hashed_block(p: BatchingPanel) -> int:
+        return sum(any(block.cached for block in s.infos) for s in p._snapshots)
+
+    assert steps_with_a_hashed_block(panel) == 0
+    cached = BatchingPanel(**SMALL, enable_prefix_caching=True)
+    assert steps_with_a_hashed_block(cached) > 0
+    assert repr(cached) == repr(panel)  # the same replay: only the pool's marks differ
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -234,6 +246,7 @@ def test_the_pool_and_the_plots_share_a_row_with_the_gauge_over_the_map(panel):
         (dict(step_seconds=0), "step_seconds=0"),
         (dict(preemption_mode="drop"), "preemption_mode='drop'"),
         (dict(watermark=1.0), "watermark=1.0"),
+        (dict(enable_prefix_caching="yes"), "enable_prefix_caching='yes' is not allowed"),
         (dict(model=42), "model=42"),
     ],
 )

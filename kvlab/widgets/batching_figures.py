@@ -553,6 +553,9 @@ def panel_figure(result: ReplayResult, title: str) -> go.Figure:
     # Every other request named once rows are too thin for a label each.
     labels = _request_labels(result)[:: -(-10 // row_px)]
     fig.update_yaxes(tickvals=labels, tickfont_size=9, row=1, col=1)
+    # The load plots are a few lines of text high: three ticks each, not one per unit.
+    fig.update_yaxes(nticks=3, row=2, col=1)
+    fig.update_yaxes(nticks=3, row=3, col=1)
     # A fixed time range (not plotly's autorange), so that time_axis_px knows where a
     # moment is drawn.
     fig.update_xaxes(range=[0, 1.02 * max(ends + times + [0.001])])

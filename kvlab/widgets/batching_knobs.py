@@ -9,9 +9,9 @@
 A value outside its range raises ``ValueError`` that says what is allowed, whether it
 comes from ``BatchingPanel(**settings)`` or from ``BatchingPanel.set``.
 
-Not handled: the knobs of ``kvlab.LLM`` the panel has no control for (``preemption_mode``
-and ``watermark`` are its arguments; prefix caching, the attention backend and the rest
-keep ``LLM``'s defaults).
+Not handled: the knobs of ``kvlab.LLM`` the panel has no control for (``preemption_mode``,
+``watermark`` and ``enable_prefix_caching`` are its arguments; the attention backend and
+the rest keep ``LLM``'s defaults).
 """
 
 from __future__ import annotations

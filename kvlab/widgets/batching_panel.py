@@ -101,6 +101,8 @@ class BatchingPanel(widgets.VBox):
         step_cost: a cost model (``kvlab.engine.step_cost.Roofline``, ``LinearCost``): each
             step lasts ``step_cost.seconds(work)`` instead of ``step_seconds``.
         preemption_mode, watermark: passed to ``kvlab.LLM``.
+        enable_prefix_caching: passed to ``kvlab.LLM``; off by default, so that the pool
+            shows batching alone (blocks kept for a prefix-cache hit are lab 06's subject).
         compare: also replay the two other policies for the comparison plot.
         live: redraw the page map at every step of a replay; False draws it once, at the
             end (for sweeps: each redraw is a message to the browser).
@@ -133,6 +135,7 @@ class BatchingPanel(widgets.VBox):
         step_cost=None,
         preemption_mode: str = "recompute",
         watermark: float = 0.0,
+        enable_prefix_caching: bool = False,
         compare: bool = True,
         live: bool = True,
         run: bool = True,
@@ -148,6 +151,7 @@ class BatchingPanel(widgets.VBox):
             step_cost=step_cost,
             preemption_mode=preemption_mode,
             watermark=watermark,
+            enable_prefix_caching=enable_prefix_caching,
             **settings,
         )  # checks every argument before the first replay
         self.settings = self._replays.settings

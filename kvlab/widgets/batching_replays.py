@@ -2,7 +2,7 @@
 
 ``BatchingReplays`` holds what stays fixed while the panel's knobs move: the model, the
 trace (``kvlab.sim.trace.make_trace``: its size, length profile and seed), the cap on
-output lengths, the clock and the preemption options. For each replay it makes the
+output lengths, the clock, the preemption options and prefix caching. For each replay it makes the
 trace's requests at the knobs' arrival rate (``requests``) and a fresh ``LLM`` set by the
 knobs (``llm``); the panel runs them (``kvlab.measure.replay.replay``) and draws what
 they did, or says why the knobs cannot replay the trace (``refusal``).
@@ -34,7 +34,8 @@ class BatchingReplays:
 
     Args:
         model, num_requests, lengths, seed, max_output_len, step_seconds, step_cost,
-            preemption_mode, watermark: as ``BatchingPanel``'s, each checked here.
+            preemption_mode, watermark, enable_prefix_caching: as ``BatchingPanel``'s,
+            each checked here.
         **settings: the knobs' starting values (``PanelSettings`` fields).
 
     Attributes:
@@ -55,6 +56,7 @@ class BatchingReplays:
         step_cost,
         preemption_mode: str,
         watermark: float,
+        enable_prefix_caching: bool,
         **settings,
     ) -> None:
         check_number("num_requests", num_requests, 1, 256, integer=True)
@@ -71,6 +73,9 @@ class BatchingReplays:
         self.settings = PanelSettings(**settings)
         self.options = dict(preemption_mode=preemption_mode, watermark=watermark)
         SchedulerConfig(**self.options)  # checks both now, not at the first replay
+        if not isinstance(enable_prefix_caching, bool):
+            refuse("enable_prefix_caching", enable_prefix_caching, "True or False")
+        self.enable_prefix_caching = enable_prefix_caching
         self.model, self.tokenizer = _model_of(model)
         self.trace_args = dict(num_requests=num_requests, lengths=lengths, seed=seed)
         self.max_output_len = max_output_len
@@ -103,6 +108,7 @@ class BatchingReplays:
             num_blocks=settings.num_blocks,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             clock=self.clock(),
+            enable_prefix_caching=self.enable_prefix_caching,
             **self.options,
         )
 
