@@ -25,6 +25,7 @@ import pytest
 import kvlab.widgets as widgets
 from kvlab.cache.base import BlockInfo, CacheUsage
 from kvlab.widgets import MemoryGauge, PageMap
+from kvlab.widgets.batching_figures import STATE_COLORS, SWEEP_COLORS
 from kvlab.widgets.memory_gauge import COLORS, HOLLOW
 from kvlab.widgets.page_map_state import SEQ_PALETTE, seq_color
 from kvlab.widgets.svg import PAGE_MAP_COLORS, page_map_svg
@@ -187,6 +188,14 @@ def test_one_meaning_per_colour_in_a_view():
     assert COLORS["KV free"] == PAGE_MAP_COLORS["free"]
     others = {k: v for k, v in COLORS.items() if k != "KV free"}
     assert not set(others.values()) & set(PAGE_MAP_COLORS.values())
+
+
+def test_lab04s_sweep_lines_differ_and_take_no_timeline_states_colour():
+    """Lab 04 draws a sweep's loads as lines beside timelines whose colours are states:
+    the lines must differ in every vision, and orange must stay prefill."""
+    sweeps = {f"sweep {i}": c for i, c in enumerate(SWEEP_COLORS)}
+    assert too_close(sweeps) == []
+    assert not set(SWEEP_COLORS) & set(STATE_COLORS.values())
 
 
 # ---- shapes where colours come close ------------------------------------------------------
